@@ -1,0 +1,5 @@
+"""Allow `python -m metricsearch`."""
+
+from metricsearch.app.cli import main
+
+raise SystemExit(main())

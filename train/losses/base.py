@@ -1,0 +1,170 @@
+"""The loss contract: every metric loss is a function of the B x B similarity matrix.
+
+Following the multi-similarity paper's General Pair Weighting (GPW) view, a pair-based loss is
+computed from `S = similarity(embeddings)`; `pair_weights` returns |dL/dS_ij| by autograd through
+the very same code path as `forward`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass
+class Mined:
+    """Pairs or triplets selected by a miner or batch design, in batch indices.
+
+    `pos` / `neg` are B x B boolean masks of the positive / negative pairs to use (a pair loss
+    uses all label-consistent pairs where a mask is None). `triplets` holds (anchor, positive,
+    negative) index tensors for triplet losses.
+    """
+
+    pos: Tensor | None = None
+    neg: Tensor | None = None
+    triplets: tuple[Tensor, Tensor, Tensor] | None = None
+
+
+# A reduction turns per-pair losses into the batch loss: (losses, pos, neg, labels) -> scalar.
+# `losses` is B x B, `pos` / `neg` are the B x B boolean masks of the pairs that count.
+Reduction = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def check_inputs(embeddings: Tensor, labels: Tensor) -> None:
+    """Raise a ValueError naming the parameter when embeddings or labels are malformed."""
+    if not isinstance(embeddings, Tensor) or embeddings.dim() != 2:
+        shape = tuple(embeddings.shape) if isinstance(embeddings, Tensor) else type(embeddings)
+        raise ValueError(f"embeddings must be a 2-D tensor (batch x dim), got {shape}")
+    if not isinstance(labels, Tensor) or labels.dim() != 1:
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels)
+        raise ValueError(f"labels must be a 1-D tensor, got {shape}")
+    if labels.shape[0] != embeddings.shape[0]:
+        raise ValueError(
+            f"labels has {labels.shape[0]} entries but embeddings has {embeddings.shape[0]} rows"
+        )
+
+
+def label_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """B x B masks of positive pairs (same label, i != j) and negative pairs (different label)."""
+    same = labels[:, None] == labels[None, :]
+    eye = torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
+    return same & ~eye, ~same
+
+
+def pair_masks(labels: Tensor, mined: Mined | None) -> tuple[Tensor, Tensor]:
+    """Positive and negative masks restricted to the mined pairs, if any."""
+    pos, neg = label_masks(labels)
+    if mined is not None and mined.pos is not None:
+        pos = pos & mined.pos
+    if mined is not None and mined.neg is not None:
+        neg = neg & mined.neg
+    return pos, neg
+
+
+def zero_loss(embeddings: Tensor) -> Tensor:
+    """A zero scalar that keeps the autograd graph (for batches with nothing to learn from)."""
+    return embeddings.sum() * 0.0
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of `values` where `mask` holds; 0 (with graph) when the mask is empty."""
+    count = mask.sum()
+    total = torch.where(mask, values, torch.zeros_like(values)).sum()
+    return total / count.clamp(min=1)
+
+
+def masked_logsumexp(values: Tensor, mask: Tensor, dim: int = -1) -> Tensor:
+    """log sum exp over `dim` restricted to `mask`; -inf-safe: rows with no entry give -inf."""
+    neg_inf = torch.finfo(values.dtype).min
+    return torch.logsumexp(values.masked_fill(~mask, neg_inf), dim=dim).masked_fill(
+        ~mask.any(dim=dim), float("-inf")
+    )
+
+
+def distances_from_similarity(sim: Tensor, eps: float = 1e-12) -> Tensor:
+    """Euclidean distances of unit vectors from their cosine similarities, sqrt safely clamped."""
+    return torch.sqrt((2.0 - 2.0 * sim).clamp(min=eps))
+
+
+class MetricLoss(nn.Module):
+    """Base of every loss: called as `loss(embeddings, labels, mined=None, reduction=None)`."""
+
+    #: what mined input the loss consumes: "pairs" (masks), "triplets", or "none" (ignores it)
+    mines: ClassVar[str] = "pairs"
+    #: whether a custom reduction (importance weights, DRO) can replace the default one
+    accepts_reduction: ClassVar[bool] = False
+    #: whether embeddings are L2-normalised before the similarity is taken
+    normalize: bool = True
+
+    def similarity(self, embeddings: Tensor) -> Tensor:
+        """B x B similarity matrix: cosine on normalised embeddings, else dot product."""
+        emb = embeddings.float()
+        if self.normalize:
+            emb = F.normalize(emb, dim=1)
+        return emb @ emb.t()
+
+    def forward(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        mined: Mined | None = None,
+        reduction: Reduction | None = None,
+    ) -> Tensor:
+        """The batch loss, a scalar tensor."""
+        check_inputs(embeddings, labels)
+        if reduction is not None and not self.accepts_reduction:
+            raise ValueError(
+                f"loss {type(self).__name__} does not take a pair weighting (reduction); "
+                "use a pair loss such as contrastive, or drop the weighting"
+            )
+        sim = self.similarity(embeddings)
+        out = self.loss_from_similarity(sim, labels, mined, reduction)
+        return out + zero_loss(embeddings)  # keeps the graph even where the loss is constant
+
+    def loss_from_similarity(
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+    ) -> Tensor:
+        """The batch loss from the similarity matrix; subclasses implement this."""
+        raise NotImplementedError
+
+    def extra_loss(self, embeddings: Tensor) -> Tensor | None:
+        """Terms that do not go through S (e.g. an L2 penalty); None when there are none."""
+        return None
+
+    def pair_weights(
+        self, embeddings: Tensor, labels: Tensor, mined: Mined | None = None
+    ) -> Tensor:
+        """B x B General Pair Weighting |dL/dS_ij|, by autograd through `loss_from_similarity`."""
+        check_inputs(embeddings, labels)
+        with torch.enable_grad():
+            sim = self.similarity(embeddings.detach()).requires_grad_(True)
+            loss = self.loss_from_similarity(sim, labels, mined, None)
+            (grad,) = torch.autograd.grad(loss, sim, allow_unused=True)
+        if grad is None:
+            return torch.zeros_like(sim)
+        return grad.abs()
+
+
+class PairLoss(MetricLoss):
+    """A loss that is a reduction of per-pair losses l_ij; any weighting can replace the mean."""
+
+    accepts_reduction: ClassVar[bool] = True
+
+    def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+        """B x B per-pair losses (only entries under pos | neg are used)."""
+        raise NotImplementedError
+
+    def reduce(self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor) -> Tensor:
+        """Default reduction: mean over the pairs that count."""
+        return masked_mean(losses, pos | neg)
+
+    def loss_from_similarity(
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+    ) -> Tensor:
+        pos, neg = pair_masks(labels, mined)
+        losses = self.pair_losses(sim, labels, pos, neg)
+        return (reduction or self.reduce)(losses, pos, neg, labels)

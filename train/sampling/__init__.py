@@ -1,0 +1,51 @@
+"""Batch samplers, miners and pair weightings, each built by name from its registry."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from metricsearch.registry import Registry
+from metricsearch.train.losses.base import Mined, Reduction
+from metricsearch.train.sampling.base import LabelBatchSampler
+
+SAMPLERS: Registry[LabelBatchSampler] = Registry("sampler")
+MINERS: Registry[Callable[..., Mined]] = Registry("miner")
+WEIGHTINGS: Registry[Reduction] = Registry("weighting")
+register_sampler = SAMPLERS.register
+register_miner = MINERS.register
+register_weighting = WEIGHTINGS.register
+
+# Importing the modules registers their entries.
+from metricsearch.train.sampling import group  # noqa: E402,F401
+
+
+def build_sampler(name: str, labels: np.ndarray, **params: Any) -> LabelBatchSampler:
+    """A batch sampler over `labels` by registry name."""
+    return SAMPLERS.build(name, None, labels=labels, **params)
+
+
+def build_miner(name: str, **params: Any) -> Callable[..., Mined]:
+    """A miner `(embeddings, labels) -> Mined` by registry name."""
+    return MINERS.build(name, None, **params)
+
+
+def build_weighting(name: str, context: dict[str, Any] | None = None, **params: Any) -> Reduction:
+    """A pair weighting (a reduction of per-pair losses) by registry name."""
+    return WEIGHTINGS.build(name, context, **params)
+
+
+def sampler_names() -> list[str]:
+    """Registered sampler names."""
+    return SAMPLERS.names()
+
+
+def miner_names() -> list[str]:
+    """Registered miner names."""
+    return MINERS.names()
+
+
+def weighting_names() -> list[str]:
+    """Registered weighting names."""
+    return WEIGHTINGS.names()

@@ -1,0 +1,53 @@
+"""The (m, n)-group batch design: n classes without replacement, m images each (P x K sampling)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from metricsearch.train.sampling import register_sampler
+from metricsearch.train.sampling.base import LabelBatchSampler
+
+
+@register_sampler("group")
+class GroupSampler(LabelBatchSampler):
+    """n classes x m images per batch, both without replacement.
+
+    Rule for small classes: a class with fewer than m images contributes all of its images
+    (never duplicates); classes with a single image are never drawn (they form no positive pair).
+    """
+
+    def __init__(
+        self, labels: np.ndarray, classes_per_batch: int = 8, images_per_class: int = 8,
+        seed: int = 0, rank: int = 0, world_size: int = 1, batches_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__(labels, seed, rank, world_size, batches_per_epoch)
+        if classes_per_batch < 2 or images_per_class < 2:
+            raise ValueError(
+                f"classes_per_batch and images_per_class must be >= 2, got "
+                f"{classes_per_batch} and {images_per_class}"
+            )
+        classes, inverse = np.unique(self.labels, return_inverse=True)
+        members = [np.flatnonzero(inverse == c) for c in range(len(classes))]
+        self.members = [m for m in members if len(m) >= 2]
+        if len(self.members) < len(members):
+            warnings.warn(f"{len(members) - len(self.members)} class(es) with a single image are never sampled")
+        if len(self.members) < classes_per_batch:
+            raise ValueError(
+                f"classes_per_batch={classes_per_batch} but only {len(self.members)} classes have "
+                "two or more images; lower sampler.classes_per_batch"
+            )
+        self.n, self.m = classes_per_batch, images_per_class
+
+    @property
+    def batch_size(self) -> int:
+        return self.n * self.m
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:
+        chosen = rng.choice(len(self.members), size=self.n, replace=False)
+        parts = []
+        for c in chosen:
+            idx = self.members[c]
+            parts.append(rng.choice(idx, size=min(self.m, len(idx)), replace=False))
+        return np.concatenate(parts)
