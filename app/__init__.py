@@ -1,0 +1,1 @@
+"""The command line (`metricsearch ...`) and the web UI."""

@@ -1,0 +1,82 @@
+"""The embedding network: backbone + linear head to `dim` + optional L2 normalisation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from metricsearch.models.backbones import BACKBONES
+from metricsearch.models.preprocessing import Preprocessing
+
+
+class Embedder(nn.Module):
+    """Maps preprocessed images (N x C x H x W) to embeddings (N x dim)."""
+
+    def __init__(
+        self, backbone: str = "small_cnn", dim: int = 128, normalize: bool = True,
+        preprocessing: Preprocessing | None = None, pretrained: str | None = None,
+        backbone_params: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if dim < 1:
+            raise ValueError(f"model.dim must be >= 1, got {dim}")
+        self.preprocessing = preprocessing or Preprocessing()
+        self.config = {
+            "backbone": backbone, "dim": dim, "normalize": normalize,
+            "preprocessing": self.preprocessing.to_dict(), "backbone_params": dict(backbone_params or {}),
+        }
+        self.backbone = BACKBONES.build(
+            backbone, None, in_channels=self.preprocessing.channels, pretrained=pretrained,
+            **(backbone_params or {}),
+        )
+        self.head = nn.Linear(self.backbone.out_features, dim)
+        self.normalize = normalize
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Embeddings for a batch of preprocessed images."""
+        out = self.head(self.backbone(images))
+        return F.normalize(out, dim=1) if self.normalize else out
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension."""
+        return self.head.out_features
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The model part of a checkpoint: its config and weights."""
+        return {"model_config": self.config, "model": self.state_dict()}
+
+
+def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Embedder:
+    """An Embedder from a `model` config section (backbone, dim, normalize, preprocessing, ...)."""
+    cfg = dict(config)
+    pre = cfg.pop("preprocessing", None)
+    cfg.pop("pretrained", None)
+    known = {"backbone", "dim", "normalize", "backbone_params"}
+    unknown = set(cfg) - known
+    if unknown:
+        raise ValueError(f"unknown model key(s) {sorted(unknown)}; known: {sorted(known | {'preprocessing', 'pretrained'})}")
+    return Embedder(preprocessing=Preprocessing.from_dict(pre or {}), pretrained=pretrained, **cfg)
+
+
+def load_embedder(path: str | Path, which: str = "model") -> Embedder:
+    """An Embedder restored from a checkpoint file or a run directory (its best.pt, else last.pt)."""
+    path = Path(path)
+    if path.is_dir():
+        candidates = [path / "best.pt", path / "last.pt"]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            raise FileNotFoundError(f"{path} has no best.pt or last.pt: is it a metricsearch run directory?")
+        path = found[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or "model_config" not in state:
+        raise ValueError(f"{path} is not a metricsearch checkpoint (no model_config)")
+    model = build_embedder(state["model_config"])
+    model.load_state_dict(state[which])
+    return model.eval()

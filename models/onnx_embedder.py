@@ -1,0 +1,64 @@
+"""The exported embedder at run time: onnxruntime (CUDA provider when present) plus its preprocessing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+
+from metricsearch.models.preprocessing import Preprocessing
+
+METADATA_PREFIX = "metricsearch."
+
+
+def select_providers(available: Sequence[str], device: str = "auto") -> list[str]:
+    """onnxruntime providers for `device` (auto|cpu|cuda) given the available ones, CPU always last."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and "CUDAExecutionProvider" not in available:
+        raise ValueError(
+            "device 'cuda' was asked for but onnxruntime has no CUDAExecutionProvider "
+            f"(available: {', '.join(available)}); install the `gpu` extra or use --device cpu"
+        )
+    if device != "cpu" and "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class OnnxEmbedder:
+    """Embeds PIL images or preprocessed arrays with an exported metricsearch ONNX model."""
+
+    def __init__(self, path: str | Path, device: str = "auto") -> None:
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"ONNX model {self.path} does not exist (make one with `metricsearch export`)")
+        providers = select_providers(ort.get_available_providers(), device)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types for bad files
+            raise ValueError(f"{self.path} is not a loadable ONNX model: {exc}") from exc
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if METADATA_PREFIX + "preprocessing" not in meta:
+            raise ValueError(f"{self.path} has no metricsearch metadata: export it with `metricsearch export`")
+        self.metadata = {k[len(METADATA_PREFIX):]: v for k, v in meta.items() if k.startswith(METADATA_PREFIX)}
+        self.preprocessing = Preprocessing.from_json(self.metadata["preprocessing"])
+        self.dim = int(self.metadata["embedding_dim"])
+        self.normalized = json.loads(self.metadata.get("normalized", "true"))
+        self.input_name = self.session.get_inputs()[0].name
+        self.providers = self.session.get_providers()
+
+    def embed_arrays(self, batch: np.ndarray) -> np.ndarray:
+        """Embeddings (N x dim float32) of preprocessed images (N x C x H x W float32)."""
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        return self.session.run(None, {self.input_name: batch})[0]
+
+    def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
+        """Embeddings of PIL images, preprocessed as the model expects."""
+        return self.embed_arrays(self.preprocessing.batch(list(images)))

@@ -1,0 +1,86 @@
+"""Data set adapters: turn a spec (`digits`, `folder:PATH`, `cub200:PATH`, ...) into a class-disjoint split."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from pathlib import Path
+
+from . import cars196, cub200, digits, folder, inshop, omniglot, sop
+from .base import DataSplit, ImageSet
+from .download import fetch
+
+__all__ = ["DataSplit", "ImageSet", "adapters", "load_image_set", "load_split"]
+
+
+_DESCRIPTIONS: dict[str, str] = {
+    "digits": "scikit-learn's bundled 8x8 digits, 0-4 train / 5-9 test (offline, the default)",
+    "folder": "one sub-folder per class; PATH/train + PATH/test, or --split-classes F",
+    "omniglot": "Omniglot zips or folders: background alphabets train, evaluation test",
+    "cub200": "CUB-200-2011 birds: classes 1-100 train, 101-200 test",
+    "cars196": "Stanford Cars196 (cars_annos.mat): classes 1-98 train, 99-196 test",
+    "sop": "Stanford Online Products: Ebay_train.txt / Ebay_test.txt",
+    "inshop": "In-Shop Clothes: list_eval_partition.txt train / query / gallery",
+}
+_PUBLIC: dict[str, Callable[[Path], DataSplit]] = {
+    "omniglot": omniglot.load,
+    "cub200": cub200.load,
+    "cars196": cars196.load,
+    "sop": sop.load,
+    "inshop": inshop.load,
+}
+
+
+def _usage(name: str) -> str:
+    """The spec form of adapter `name`, e.g. `folder:PATH`."""
+    return name if name == "digits" else f"{name}:PATH"
+
+
+def _parse(spec: str) -> tuple[str, Path | None]:
+    """The adapter name and PATH of a spec, with errors that say how to write it."""
+    name, sep, raw = spec.strip().partition(":")
+    if name not in _DESCRIPTIONS:
+        close = difflib.get_close_matches(name.lower(), list(_DESCRIPTIONS), n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(map(_usage, close))}? " if close else ""
+        known = ", ".join(_usage(n) for n in _DESCRIPTIONS)
+        raise ValueError(f"unknown data set {spec!r}: {hint}known: {known}")
+    if name == "digits":
+        if sep:
+            raise ValueError(f"{name} takes no path: write {name!r}, not {spec!r}")
+        return name, None
+    if not raw.strip():
+        raise ValueError(f"{name} needs a path: write {name}:PATH (got {spec!r})")
+    return name, Path(raw.strip()).expanduser()
+
+
+def load_split(spec: str, *, download: bool = False, split_classes: float | None = None) -> DataSplit:
+    """The class-disjoint train/test split named by `spec`; `download` fetches a missing public data set."""
+    name, root = _parse(spec)
+    if name == "folder":
+        if download:
+            raise ValueError("folder: data sets cannot be downloaded; drop --download")
+        return folder.load(root, split_classes)
+    if split_classes is not None:
+        raise ValueError(f"{name} has a fixed class split; --split-classes applies to folder:PATH only")
+    if root is None:
+        return digits.load()
+    try:
+        return _PUBLIC[name](root)
+    except FileNotFoundError:
+        if not download:
+            raise
+    fetch(name, root)
+    return _PUBLIC[name](root)
+
+
+def load_image_set(spec: str) -> ImageSet:
+    """All images of a `folder:PATH` spec (one sub-folder per class) as one set, without a split."""
+    name, root = _parse(spec)
+    if name != "folder":
+        raise ValueError(f"expected folder:PATH (one sub-folder per class), got {spec!r}")
+    return folder.load_set(root)
+
+
+def adapters() -> list[tuple[str, str]]:
+    """(spec form, one-line description) of every data set adapter."""
+    return [(_usage(name), text) for name, text in _DESCRIPTIONS.items()]

@@ -1,0 +1,29 @@
+"""Run-time device and mixed-precision selection: CUDA when present, CPU otherwise."""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """`auto` -> cuda if available else cpu; `cuda` without a GPU is an error that says so."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu or auto")
+    return torch.device(name)
+
+
+def amp_dtype(device: torch.device, setting: str = "auto") -> torch.dtype | None:
+    """The autocast dtype: bf16 where the GPU supports it, else fp16; None (full precision) on CPU."""
+    if setting not in ("auto", "off", "bf16", "fp16"):
+        raise ValueError(f"amp must be auto, off, bf16 or fp16, got {setting!r}")
+    if setting == "off" or (setting == "auto" and device.type != "cuda"):
+        return None
+    if setting == "fp16":
+        return torch.float16
+    if setting == "bf16":
+        return torch.bfloat16
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

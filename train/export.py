@@ -1,0 +1,84 @@
+"""Export a trained embedder to ONNX with its preprocessing in the metadata, checked for parity."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import metricsearch
+from metricsearch.models.embedder import Embedder
+from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
+
+INPUT_NAME, OUTPUT_NAME = "images", "embeddings"
+
+
+class ExportError(RuntimeError):
+    """The exported model does not reproduce the torch model."""
+
+
+@dataclass
+class ExportReport:
+    """Where the model went and how closely onnxruntime matches torch."""
+
+    path: Path
+    max_abs_diff: float
+    batch_size: int
+
+
+def check_parity(model: Embedder, onnx_path: str | Path, batch: np.ndarray, atol: float = 1e-4) -> float:
+    """Max |torch - onnxruntime| on `batch` (N x C x H x W); ExportError above `atol`."""
+    model = model.eval().cpu()
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch)).numpy()
+    got = OnnxEmbedder(onnx_path, device="cpu").embed_arrays(batch)
+    diff = float(np.abs(expected - got).max()) if expected.shape == got.shape else float("inf")
+    if not diff <= atol:
+        raise ExportError(
+            f"ONNX parity check failed: max |torch - onnxruntime| = {diff:.3g} > {atol:g} on a batch of "
+            f"{len(batch)} (shapes {expected.shape} vs {got.shape}); the exported file is not usable"
+        )
+    return diff
+
+
+def export_onnx(
+    model: Embedder, out: str | Path, batch: np.ndarray, source: str = "", opset: int = 17,
+    atol: float = 1e-4,
+) -> ExportReport:
+    """Write `model` as ONNX (dynamic batch axis, metadata) to `out` and check parity on `batch`."""
+    import onnx
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = model.eval().cpu()
+    example = torch.from_numpy(batch[:2])
+    torch.onnx.export(
+        model, (example,), str(out), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+        dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        opset_version=opset, dynamo=False,
+    )
+    proto = onnx.load(str(out))
+    meta = {
+        "preprocessing": model.preprocessing.to_json(),
+        "embedding_dim": str(model.dim),
+        "normalized": json.dumps(bool(model.normalize)),
+        "backbone": model.config["backbone"],
+        "model_config": json.dumps(model.config, sort_keys=True),
+        "version": metricsearch.__version__,
+        "source": source,
+    }
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = METADATA_PREFIX + key, value
+    proto.producer_name = "metricsearch"
+    onnx.checker.check_model(proto)
+    onnx.save(proto, str(out))
+    try:
+        diff = check_parity(model, out, batch, atol)
+    except ExportError:
+        out.unlink(missing_ok=True)
+        raise
+    return ExportReport(out, diff, len(batch))

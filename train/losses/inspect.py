@@ -1,0 +1,65 @@
+"""Plots of the General Pair Weighting |dL/dS_ij| of losses against S_ij, for comparing losses."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from metricsearch.train.losses.base import MetricLoss, label_masks
+
+
+def random_batch(
+    n_classes: int = 8, per_class: int = 8, dim: int = 64, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """A clustered batch: per_class noisy copies of n_classes random centres (float32, labels 0..n-1)."""
+    if n_classes < 1 or per_class < 1 or dim < 1:
+        raise ValueError(
+            f"n_classes, per_class and dim must be >= 1, got {n_classes}, {per_class}, {dim}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    centres = torch.randn(n_classes, dim, generator=gen)
+    centres = centres / centres.norm(dim=1, keepdim=True)
+    noise = torch.randn(n_classes, per_class, dim, generator=gen) * (1.2 / math.sqrt(dim))
+    embeddings = (centres[:, None, :] + noise).reshape(n_classes * per_class, dim)
+    labels = torch.arange(n_classes).repeat_interleave(per_class)
+    return embeddings, labels
+
+
+def plot_pair_weights(
+    losses: dict[str, MetricLoss], embeddings: Tensor, labels: Tensor, out_path: str | Path
+) -> Path:
+    """Save a PNG with one panel per loss: pair weight |dL/dS_ij| against S_ij, positives vs negatives."""
+    if not losses:
+        raise ValueError("losses must name at least one loss to plot")
+    cols = min(3, len(losses))
+    rows = math.ceil(len(losses) / cols)
+    fig = Figure(figsize=(4.5 * cols, 3.6 * rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    pos, neg = label_masks(labels)
+    for index, (name, loss) in enumerate(losses.items()):
+        ax = fig.add_subplot(rows, cols, index + 1)
+        with torch.no_grad():
+            sim = loss.similarity(embeddings.detach())
+        weights = loss.pair_weights(embeddings, labels)
+        nonzero = weights > 0
+        for mask, colour, kind in ((pos, "tab:blue", "positive"), (neg, "tab:red", "negative")):
+            shown = mask & nonzero
+            ax.scatter(
+                sim[shown].cpu().numpy(), weights[shown].cpu().numpy(), s=6, alpha=0.5,
+                color=colour, label=f"{kind} ({int(shown.sum())}/{int(mask.sum())} non-zero)",
+            )
+        if nonzero.any():
+            ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("similarity S_ij" if loss.normalize else "dot product S_ij")
+        ax.set_ylabel("pair weight |dL/dS_ij|")
+        ax.legend(fontsize="small")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out

@@ -1,0 +1,30 @@
+"""The training plot: loss and Recall@1 over epochs, as a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_training(history: list[dict[str, Any]], out: str | Path, title: str = "") -> Path:
+    """Write a two-panel PNG (train loss, test Recall@1 per epoch) from metrics.jsonl rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [row["epoch"] for row in history]
+    fig, (ax_loss, ax_r1) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax_loss.plot(epochs, [row["loss"] for row in history], marker="o", color="tab:blue")
+    ax_loss.set(xlabel="epoch", ylabel="mean training loss", title="loss")
+    evals = [row for row in history if row.get("recall_at_k")]
+    ax_r1.plot([r["epoch"] for r in evals], [r["recall_at_k"]["1"] for r in evals], marker="o", color="tab:green")
+    ax_r1.set(xlabel="epoch", ylabel="Recall@1 (test classes)", title="Recall@1", ylim=(0, 1.02))
+    for ax in (ax_loss, ax_r1):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
