@@ -20,7 +20,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None:
             overrides.append(f"{key}={getattr(args, key)}")
     config = load_config(args.config, overrides)
-    result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
+    result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet,
+                   stop_after_epoch=args.stop_after_epoch)
     summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
                "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
     print(json.dumps(summary, indent=None if args.quiet else 2))
@@ -212,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="run name (config key name)")
     p.add_argument("--output-dir", dest="output_dir", help="parent folder of runs (config key output_dir)")
     p.add_argument("--epochs", type=int, help="number of epochs (config key epochs)")
+    p.add_argument("--stop-after-epoch", type=int, help="pause after this epoch; continue later with --resume")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
 
     p = add("export", _cmd_export, "Export a trained embedder to ONNX (dynamic batch, preprocessing in the "

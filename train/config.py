@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 #: sections naming a component: a new `name` there drops the old component's parameters
-COMPONENTS = ("loss", "sampler", "miner", "weighting", "optimizer", "schedule", "augment")
+COMPONENTS = ("loss", "sampler", "miner", "weighting", "schedule", "augment")
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -152,8 +152,12 @@ def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool) -> P
 
 def train(
     config: dict[str, Any], resume: bool = False, overwrite: bool = False, progress: bool = True,
+    stop_after_epoch: int | None = None,
 ) -> RunResult:
-    """Train an embedder as the config says, evaluating and checkpointing into OUTPUT_DIR/NAME/."""
+    """Train an embedder as the config says, evaluating and checkpointing into OUTPUT_DIR/NAME/.
+
+    `stop_after_epoch` pauses the run after that epoch (resume it later with `resume=True`).
+    """
     from tqdm.auto import tqdm
 
     device = resolve_device(config["device"])
@@ -205,7 +209,7 @@ def train(
     dataset = ImageDataset(split.train, model.preprocessing, augment, cache=bool(config["cache_images"]))
     pin = device.type == "cuda"
     last_metrics: dict[str, Any] = history[-1] if history else {}
-    for epoch in range(start_epoch, epochs):
+    for epoch in range(start_epoch, min(epochs, stop_after_epoch or epochs)):
         seed_everything(seed * 100_003 + epoch)  # per-epoch seeding makes --resume exact
         sampler.set_epoch(epoch)
         loader = DataLoader(dataset, batch_sampler=sampler, num_workers=config["num_workers"], pin_memory=pin)
@@ -227,8 +231,8 @@ def train(
             if not torch.isfinite(loss):
                 raise TrainingError(
                     f"loss became {loss.item()} at epoch {epoch + 1}, step {n_steps + 1}; "
-                    f"{run_dir / 'last.pt'} still holds the last good state. Lower optimizer.lr, "
-                    "check the loss parameters, or try amp=off."
+                    f"{run_dir / 'last.pt'} still holds the last good state. Start again with a lower "
+                    "optimizer.lr (--overwrite), check the loss parameters, or try amp=off."
                 )
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
@@ -266,7 +270,7 @@ def train(
         plot_training(history, run_dir / "training.png", title=f"{config['name']}: {loss_name} on {config['dataset']}")
         if progress:
             _report(row, epoch, epochs)
-    return RunResult(run_dir, epochs, best_r1, last_metrics)
+    return RunResult(run_dir, len(history), best_r1, last_metrics)
 
 
 def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:

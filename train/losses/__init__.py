@@ -18,7 +18,7 @@ LOSSES: Registry[MetricLoss] = Registry("loss")
 register = LOSSES.register
 
 # Importing the modules registers their losses.
-from metricsearch.train.losses import ms  # noqa: E402,F401
+from metricsearch.train.losses import ms, contrastive, dro, margin, npair, triplet, binomial, ice, lifted  # noqa: E402,F401
 
 
 def build(name: str, **params: Any) -> MetricLoss:

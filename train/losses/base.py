@@ -65,6 +65,13 @@ def pair_masks(labels: Tensor, mined: Mined | None) -> tuple[Tensor, Tensor]:
     return pos, neg
 
 
+def check_positive(**params: float) -> None:
+    """Raise a ValueError naming the first parameter that is not a positive finite number."""
+    for name, value in params.items():
+        if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
 def zero_loss(embeddings: Tensor) -> Tensor:
     """A zero scalar that keeps the autograd graph (for batches with nothing to learn from)."""
     return embeddings.sum() * 0.0
@@ -101,11 +108,16 @@ class MetricLoss(nn.Module):
     normalize: bool = True
 
     def similarity(self, embeddings: Tensor) -> Tensor:
-        """B x B similarity matrix: cosine on normalised embeddings, else dot product."""
-        emb = embeddings.float()
-        if self.normalize:
-            emb = F.normalize(emb, dim=1)
-        return emb @ emb.t()
+        """B x B similarity matrix: cosine on normalised embeddings, else dot product.
+
+        Computed in float32 (float64 inputs stay float64), with autocast off so that half-precision
+        training does not round the similarities the losses exponentiate.
+        """
+        emb = embeddings if embeddings.dtype == torch.float64 else embeddings.float()
+        with torch.autocast(emb.device.type, enabled=False):
+            if self.normalize:
+                emb = F.normalize(emb, dim=1)
+            return emb @ emb.t()
 
     def forward(
         self,
@@ -123,6 +135,9 @@ class MetricLoss(nn.Module):
             )
         sim = self.similarity(embeddings)
         out = self.loss_from_similarity(sim, labels, mined, reduction)
+        extra = self.extra_loss(embeddings)
+        if extra is not None:
+            out = out + extra
         return out + zero_loss(embeddings)  # keeps the graph even where the loss is constant
 
     def loss_from_similarity(

@@ -1,0 +1,115 @@
+"""End to end: train on digits, resume, export to ONNX, evaluate the ONNX model, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from metricsearch.app.cli import main
+from metricsearch.models.embedder import load_embedder
+from metricsearch.train.config import load_config
+from metricsearch.train.export import ExportError, check_parity, export_onnx
+from metricsearch.train.trainer import TrainingError, train
+
+
+def quick_config(tmp_path: Path, *overrides: str) -> dict:
+    """A digits config that runs in seconds."""
+    return load_config(None, [f"output_dir={tmp_path}", "epochs=2", "batches_per_epoch=3",
+                              "eval.nmi=false", "model.dim=32", *overrides])
+
+
+def test_digits_recipe_reaches_recall_and_writes_run_dir(digits_run) -> None:
+    run = digits_run.run_dir
+    for name in ("config.yaml", "metrics.jsonl", "last.pt", "best.pt", "training.png"):
+        assert (run / name).is_file(), name
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, len(rows) + 1))
+    last = rows[-1]
+    assert set(last) >= {"recall_at_k", "nmi", "map_at_r", "n_queries", "loss"}
+    assert last["n_queries"] == 896
+    assert list(last["recall_at_k"]) == ["1", "2", "4", "8", "16", "32"]
+    assert digits_run.best_recall_at_1 >= 0.97
+    assert (run / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_then_evaluate_reproduces_trainer_recall(digits_run, tmp_path, capsys) -> None:
+    onnx_path = tmp_path / "digits.onnx"
+    assert main(["export", str(digits_run.run_dir), "--out", str(onnx_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["max_abs_diff"] <= 1e-4
+    meta = {p.key: p.value for p in onnx.load(str(onnx_path)).metadata_props}
+    assert json.loads(meta["metricsearch.preprocessing"])["size"] == 28
+    assert meta["metricsearch.embedding_dim"] == "128"
+    assert main(["evaluate", "--model", str(onnx_path), "--dataset", "digits", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"recall_at_k", "nmi", "map_at_r", "n_queries"}
+    assert abs(result["recall_at_k"]["1"] - digits_run.best_recall_at_1) <= 0.005
+    assert 0.0 <= result["nmi"] <= 1.0 and 0.0 <= result["map_at_r"] <= 1.0
+
+
+def test_onnx_model_takes_any_batch_size(digits_run, tmp_path) -> None:
+    from metricsearch.models.onnx_embedder import OnnxEmbedder
+
+    model = load_embedder(digits_run.run_dir)
+    rng = np.random.default_rng(0)
+    batch = rng.normal(size=(8, 1, 28, 28)).astype(np.float32)
+    export_onnx(model, tmp_path / "m.onnx", batch)
+    embedder = OnnxEmbedder(tmp_path / "m.onnx", device="cpu")
+    for n in (1, 5, 33):
+        x = rng.normal(size=(n, 1, 28, 28)).astype(np.float32)
+        with torch.no_grad():
+            expected = model(torch.from_numpy(x)).numpy()
+        assert np.abs(embedder.embed_arrays(x) - expected).max() <= 1e-4
+
+
+def test_parity_check_fails_on_a_tampered_model(digits_run, tmp_path) -> None:
+    model = load_embedder(digits_run.run_dir)
+    batch = np.random.default_rng(1).normal(size=(16, 1, 28, 28)).astype(np.float32)
+    path = tmp_path / "m.onnx"
+    export_onnx(model, path, batch)
+    proto = onnx.load(str(path))
+    init = max(proto.graph.initializer, key=lambda t: np.prod(t.dims))  # the largest weight tensor
+    weights = onnx.numpy_helper.to_array(init).copy()
+    weights.flat[0] += 0.5
+    init.CopyFrom(onnx.numpy_helper.from_array(weights, init.name))
+    onnx.save(proto, str(path))
+    with pytest.raises(ExportError, match="parity"):
+        check_parity(model, path, batch)
+
+
+def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path) -> None:
+    full = train(quick_config(tmp_path, "name=full", "epochs=3"), progress=False)
+    paused = train(quick_config(tmp_path, "name=split", "epochs=3"), progress=False, stop_after_epoch=2)
+    assert paused.epochs == 2
+    resumed = train(quick_config(tmp_path, "name=split", "epochs=3"), resume=True, progress=False)
+    a = torch.load(full.run_dir / "last.pt", weights_only=False)
+    b = torch.load(resumed.run_dir / "last.pt", weights_only=False)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    timeless = [[{k: v for k, v in r.items() if k != "images_per_s"} for r in run["history"]] for run in (a, b)]
+    assert timeless[0] == timeless[1]
+    assert len(timeless[0]) == 3
+
+
+def test_existing_run_is_never_overwritten_silently(tmp_path) -> None:
+    train(quick_config(tmp_path, "epochs=1"), progress=False)
+    before = (tmp_path / "digits" / "last.pt").read_bytes()
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(quick_config(tmp_path, "epochs=1"), progress=False)
+    assert (tmp_path / "digits" / "last.pt").read_bytes() == before
+
+
+def test_nan_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(tmp_path) -> None:
+    # epoch 1 trains normally, then the step schedule multiplies the learning rate by 1e30
+    config = quick_config(tmp_path, "epochs=3", "optimizer.name=sgd",
+                          "schedule={name: step, every_epochs: 1, gamma: 1.0e+30}")
+    with pytest.raises(TrainingError, match="last good state"):
+        train(config, progress=False)
+    state = torch.load(tmp_path / "digits" / "last.pt", weights_only=False)
+    assert state["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
