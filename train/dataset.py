@@ -55,7 +55,7 @@ def embed_image_set(
 
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     out = []
-    for images, _, _ in tqdm(loader, desc=desc, disable=not progress, leave=False, unit="batch"):
+    for images, _, _ in tqdm(loader, desc=desc, disable=None if progress else True, leave=False, unit="batch"):
         emb = forward(images)
         out.append(emb.detach().float().cpu().numpy() if isinstance(emb, torch.Tensor) else np.asarray(emb, np.float32))
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)

@@ -215,7 +215,7 @@ def train(
         loader = DataLoader(dataset, batch_sampler=sampler, num_workers=config["num_workers"], pin_memory=pin)
         model.train()
         t0, seen, loss_sum, n_steps = time.perf_counter(), 0, 0.0, 0
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress, unit="batch", leave=False)
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=None if progress else True, unit="batch", leave=False)
         for images, labels, indices in bar:
             images = images.to(device, non_blocking=pin)
             if device.type == "cuda":

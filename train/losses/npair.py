@@ -9,18 +9,22 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from metricsearch.train.losses import register
-from metricsearch.train.losses.base import MetricLoss, Mined, Reduction, zero_loss
+from metricsearch.train.losses.base import MetricLoss, Mined, Reduction, check_inputs, zero_loss
 
 
 def first_two_per_class(labels: Tensor) -> tuple[Tensor, Tensor]:
     """Indices of the first and second image (in batch order) of every class that has two or more."""
     sorted_labels, order = torch.sort(labels, stable=True)
-    position = torch.arange(labels.shape[0], device=labels.device)
-    starts = torch.ones_like(sorted_labels, dtype=torch.bool)
-    starts[1:] = sorted_labels[1:] != sorted_labels[:-1]
-    group_start = torch.where(starts, position, torch.zeros_like(position)).cummax(dim=0).values
-    second = (position - group_start == 1).nonzero().squeeze(1)
-    return order[second - 1], order[second]
+    same_as_next = sorted_labels[1:] == sorted_labels[:-1]
+    # sorted position i starts its class (position 0 does); it has a second image iff same_as_next[i]
+    starts = torch.cat([same_as_next.new_ones(1), ~same_as_next])[:-1]
+    first = (starts & same_as_next).nonzero().squeeze(1)
+    return order[first], order[first + 1]
+
+
+def npair_loss(logits: Tensor) -> Tensor:
+    """Mean over anchors i of `-log softmax(logits[i])[i]`: logits[i, k] = S(anchor i, positive k)."""
+    return F.cross_entropy(logits, torch.arange(logits.shape[0], device=logits.device))
 
 
 @register("npair")
@@ -31,6 +35,10 @@ class NPairLoss(MetricLoss):
     images are not used (the paper's batch is n classes x 2). The loss is the mean over anchors of
     `-log exp(S_ap) / sum_k exp(S_a,p_k)` with S the dot product, plus `l2_reg * mean_i ||f_i||^2`
     over the whole batch (Sohn's regulariser; 0 disables it and matches pytorch-metric-learning).
+
+    Only the n x n anchor-positive block of S is used, so `forward` computes that block alone
+    (n^2 dot products instead of B^2); `loss_from_similarity` (and with it `pair_weights`) reads the
+    same block from the full B x B matrix, through the same `npair_loss`.
     """
 
     mines: ClassVar[str] = "none"
@@ -42,18 +50,46 @@ class NPairLoss(MetricLoss):
             raise ValueError(f"l2_reg must be >= 0, got {l2_reg}")
         self.l2_reg = l2_reg
 
+    def forward(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        mined: Mined | None = None,
+        reduction: Reduction | None = None,
+    ) -> Tensor:
+        """The batch loss, as `MetricLoss.forward` computes it, from the anchor-positive block of S."""
+        if reduction is not None:  # MetricLoss.forward checks (and words) this
+            return super().forward(embeddings, labels, mined, reduction)
+        check_inputs(embeddings, labels)
+        anchors, positives = first_two_per_class(labels)
+        if anchors.numel() > 0:
+            out = npair_loss(self.block_similarity(embeddings[anchors], embeddings[positives]))
+        else:
+            out = zero_loss(embeddings)  # keeps the graph where there is no pair
+        extra = self.extra_loss(embeddings)
+        return out if extra is None else out + extra
+
+    def block_similarity(self, rows: Tensor, cols: Tensor) -> Tensor:
+        """The block of S between `rows` and `cols`, computed as `similarity` computes S."""
+
+        def prepare(emb: Tensor) -> Tensor:
+            emb = emb if emb.dtype == torch.float64 else emb.float()
+            return F.normalize(emb, dim=1) if self.normalize else emb
+
+        with torch.autocast(rows.device.type, enabled=False):
+            return prepare(rows) @ prepare(cols).t()
+
     def loss_from_similarity(
         self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
     ) -> Tensor:
         anchors, positives = first_two_per_class(labels)
         if anchors.numel() == 0:
             return zero_loss(sim)
-        logits = sim[anchors][:, positives]
-        return F.cross_entropy(logits, torch.arange(anchors.numel(), device=sim.device))
+        return npair_loss(sim[anchors[:, None], positives[None, :]])
 
     def extra_loss(self, embeddings: Tensor) -> Tensor | None:
         """The L2 penalty `l2_reg * mean ||f||^2` (None when l2_reg is 0)."""
         if self.l2_reg == 0:
             return None
         emb = embeddings if embeddings.dtype == torch.float64 else embeddings.float()
-        return self.l2_reg * emb.square().sum(dim=1).mean()
+        return emb.square().sum() * (self.l2_reg / max(emb.shape[0], 1))

@@ -18,7 +18,9 @@ register_miner = MINERS.register
 register_weighting = WEIGHTINGS.register
 
 # Importing the modules registers their entries.
-from metricsearch.train.sampling import group  # noqa: E402,F401
+from metricsearch.train.sampling import (  # noqa: E402,F401
+    distance_weighted, dro, group, hard_class, importance, miners, p_random,
+)
 
 
 def build_sampler(name: str, labels: np.ndarray, **params: Any) -> LabelBatchSampler:
