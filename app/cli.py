@@ -120,7 +120,7 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_registry(title: str, registry) -> None:
+def _print_registry(title: str, registry, hidden: tuple[str, ...] = ()) -> None:
     import inspect
 
     print(f"{title}:")
@@ -128,7 +128,7 @@ def _print_registry(title: str, registry) -> None:
         params = ", ".join(
             f"{k}={v!r}" if v is not inspect.Parameter.empty else k
             for k, v in registry.parameters(name).items()
-            if k not in ("labels", "class_counts", "num_classes", "sampler")
+            if k not in ("labels", "class_counts", "num_classes", "sampler", *hidden)
         )
         print(f"  {name:<22} {registry.describe(name)}")
         if params:
@@ -145,7 +145,7 @@ def _cmd_losses(args: argparse.Namespace) -> int:
 def _cmd_samplers(args: argparse.Namespace) -> int:
     from metricsearch.train.sampling import MINERS, SAMPLERS, WEIGHTINGS
 
-    _print_registry("samplers (sampler.name=...)", SAMPLERS)
+    _print_registry("samplers (sampler.name=...)", SAMPLERS, ("seed", "rank", "world_size", "batches_per_epoch"))
     _print_registry("miners (miner.name=...)", MINERS)
     _print_registry("weightings (weighting.name=...)", WEIGHTINGS)
     return 0

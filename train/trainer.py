@@ -163,7 +163,6 @@ def train(
     device = resolve_device(config["device"])
     autocast = amp_dtype(device, config["amp"])
     split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"])
-    run_dir = _prepare_run_dir(config, resume, overwrite)
     seed = int(config["seed"])
     seed_everything(seed)
 
@@ -183,6 +182,7 @@ def train(
     weighting = (sampling.build_weighting(weighting_name, {**stats, "sampler": sampler}, **weighting_params)
                  if weighting_name else None)
     check_compatible(loss_fn, miner, weighting, sampler)
+    run_dir = _prepare_run_dir(config, resume, overwrite)
 
     model.to(device)
     loss_fn.to(device)

@@ -1,0 +1,97 @@
+"""The command line: help texts, listings, query/gallery evaluation and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from metricsearch.app.cli import build_parser, main
+
+COMMANDS = ["train", "export", "evaluate", "datasets", "losses", "samplers", "inspect-loss"]
+
+
+def make_folder(root: Path, classes: dict[str, int], seed: int = 0) -> Path:
+    """One sub-folder per class of small PNGs whose brightness pattern depends on the class."""
+    rng = np.random.default_rng(seed)
+    for c, (name, n) in enumerate(sorted(classes.items())):
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            base = np.zeros((16, 16), np.uint8)
+            base[:, c * 3:(c * 3) + 4] = 255
+            noise = rng.integers(0, 40, size=(16, 16), dtype=np.uint8)
+            Image.fromarray(np.clip(base.astype(int) + noise, 0, 255).astype(np.uint8)).save(root / name / f"{i}.png")
+    return root
+
+
+def test_console_script_help_lists_every_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "metricsearch", "--help"], capture_output=True, text=True, check=True)
+    for cmd in COMMANDS:
+        assert cmd in out.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_is_explained(command: str) -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    for action in sub._actions:
+        if action.dest != "help":
+            assert action.help, f"{command} {action.option_strings or action.dest} has no help text"
+
+
+def test_listings(capsys) -> None:
+    assert main(["datasets"]) == 0
+    assert "omniglot:PATH" in capsys.readouterr().out
+    assert main(["losses"]) == 0
+    out = capsys.readouterr().out
+    assert "ms " in out and "alpha=2.0" in out
+    assert main(["samplers"]) == 0
+    assert "p_random" in capsys.readouterr().out
+
+
+def test_pixels_baseline_on_query_and_gallery_folders(tmp_path, capsys) -> None:
+    query = make_folder(tmp_path / "q", {"a": 3, "b": 3, "c": 3}, seed=1)
+    gallery = make_folder(tmp_path / "g", {"a": 4, "b": 4, "c": 4, "d": 4}, seed=2)
+    code = main(["evaluate", "--model", "pixels", "--query", f"folder:{query}", "--gallery", f"folder:{gallery}",
+                 "--recall-k", "1", "4", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n_queries"] == 9
+    assert result["recall_at_k"] == {"1": 1.0, "4": 1.0}  # each class has its own bright stripe
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["evaluate", "--model", "pixels", "--dataset", "omniglott:/x"], "unknown"),
+    (["evaluate", "--model", "pixels", "--dataset", "folder:/does/not/exist"], "does/not/exist"),
+    (["evaluate", "--model", "/no/such/model.onnx", "--dataset", "digits"], "does not exist"),
+    (["train", "--set", "loss.name=msx"], "Did you mean ms"),
+    (["train", "--set", "sampler.classes_per_batch"], "key=value"),
+    (["train", "--config", "/no/such.yaml"], "not found"),
+    (["export", "/no/such/run", "--out", "x.onnx"], "does not exist"),
+])
+def test_bad_input_gives_a_clear_error(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_non_image_files_are_skipped_with_a_count(tmp_path, capsys) -> None:
+    root = make_folder(tmp_path / "d", {"a": 3, "b": 3, "c": 3, "e": 3})
+    (root / "a" / "broken.png").write_text("not an image")
+    (root / "b" / "notes.txt").write_text("ignored")
+    with pytest.warns(UserWarning, match="1 unreadable"):
+        code = main(["evaluate", "--model", "pixels", "--dataset", f"folder:{root}", "--split-classes", "0.5",
+                     "--no-nmi", "--recall-k", "1", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["n_queries"] == 6
+
+
+def test_inspect_loss_writes_a_png(tmp_path) -> None:
+    out = tmp_path / "weights.png"
+    assert main(["inspect-loss", "--loss", "ms", "--loss", "ice", "--loss", "dro_kl", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
