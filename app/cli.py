@@ -19,6 +19,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     for key in ("device", "name", "output_dir", "epochs"):
         if getattr(args, key) is not None:
             overrides.append(f"{key}={getattr(args, key)}")
+    if args.pretrained is not None:
+        overrides.append(f"model.pretrained={args.pretrained}")
     config = load_config(args.config, overrides)
     result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet,
                    stop_after_epoch=args.stop_after_epoch)
@@ -213,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="run name (config key name)")
     p.add_argument("--output-dir", dest="output_dir", help="parent folder of runs (config key output_dir)")
     p.add_argument("--epochs", type=int, help="number of epochs (config key epochs)")
+    p.add_argument("--pretrained", help="backbone weights: `imagenet` (torchvision weights from the local torch "
+                   "cache; never downloaded) or a weights file (config key model.pretrained)")
     p.add_argument("--stop-after-epoch", type=int, help="pause after this epoch; continue later with --resume")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
 
