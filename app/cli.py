@@ -102,7 +102,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             result = evaluate(embed(split.query), split.query.labels, embed(split.gallery),
                               split.gallery.labels, recall_k, not args.no_nmi)
         else:
-            result = evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=not args.no_nmi)
+            result = evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=not args.no_nmi,
+                              one_shot_ways=args.one_shot_ways)
     if args.json:
         print(json.dumps(result))
     else:
@@ -111,6 +112,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         if result["nmi"] is not None:
             print(f"NMI          {result['nmi']:.4f}")
         print(f"MAP@R        {result['map_at_r']:.4f}\nqueries      {result['n_queries']}")
+        for key in (k for k in result if k.startswith("one_shot")):
+            print(f"{key:<12} {result[key]:.4f}")
     return 0
 
 
@@ -238,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gallery", help="folder: spec of gallery images")
     p.add_argument("--recall-k", type=int, nargs="+", help="K values for Recall@K (default: the data set's)")
     p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means is slow on very many classes)")
+    p.add_argument("--one-shot-ways", type=int, help="also report N-way one-shot accuracy over 1000 random "
+                   "episodes of the test classes (Omniglot protocol: 20)")
     p.add_argument("--batch-size", type=int, default=256, help="images per inference batch")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="onnxruntime device")
     p.add_argument("--pixels-size", type=int, default=28, help="side of the resized image for --model pixels")

@@ -38,7 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "amp": "auto",
     "num_workers": 0,
     "cache_images": True,
-    "eval": {"every": 1, "batch_size": 256, "recall_k": None, "nmi": True},
+    "eval": {"every": 1, "batch_size": 256, "recall_k": None, "nmi": True, "one_shot_ways": None},
 }
 
 

@@ -97,8 +97,10 @@ def evaluate(
     recall_k: Sequence[int] = (1, 2, 4, 8),
     with_nmi: bool = True,
     device: str | torch.device = "cpu",
+    one_shot_ways: int | None = None,
 ) -> dict[str, Any]:
-    """All metrics as one JSON-ready dict: recall_at_k, nmi (None if skipped), map_at_r, n_queries."""
+    """All metrics as one JSON-ready dict: recall_at_k, nmi (None if skipped), map_at_r, n_queries,
+    and `one_shot` (N-way one-shot accuracy, Omniglot style) when `one_shot_ways` is given."""
     out = retrieval_metrics(query, query_labels, gallery, gallery_labels, recall_k, device=device)
     if with_nmi:
         if gallery is None:
@@ -107,4 +109,29 @@ def evaluate(
             out["nmi"] = nmi(np.concatenate([query, gallery]), np.concatenate([query_labels, gallery_labels]))
     else:
         out["nmi"] = None
-    return {k: out[k] for k in ("recall_at_k", "nmi", "map_at_r", "n_queries")}
+    result = {k: out[k] for k in ("recall_at_k", "nmi", "map_at_r", "n_queries")}
+    if one_shot_ways:
+        result[f"one_shot_{one_shot_ways}way"] = one_shot_accuracy(query, query_labels, one_shot_ways)
+    return result
+
+
+def one_shot_accuracy(
+    embeddings: np.ndarray | Tensor, labels: np.ndarray | Tensor, ways: int = 20, episodes: int = 1000,
+    seed: int = 0,
+) -> float:
+    """N-way one-shot accuracy: per episode, `ways` classes with one support image each; every class
+    also gives one other image as a query, which must be nearest to its own class's support image."""
+    x = torch.as_tensor(np.asarray(embeddings), dtype=torch.float32)
+    y = np.asarray(labels)
+    members = [np.flatnonzero(y == c) for c in np.unique(y)]
+    members = [m for m in members if len(m) >= 2]
+    if len(members) < ways:
+        raise ValueError(f"{ways}-way one-shot needs {ways} classes with 2+ images, the set has {len(members)}")
+    rng = np.random.default_rng(seed)
+    correct = 0
+    for _ in range(episodes):
+        classes = rng.choice(len(members), size=ways, replace=False)
+        pairs = np.stack([rng.choice(members[c], size=2, replace=False) for c in classes])
+        d = _sq_distances(x[pairs[:, 1]], x[pairs[:, 0]])
+        correct += int((d.argmin(dim=1) == torch.arange(ways)).sum())
+    return correct / (episodes * ways)

@@ -69,7 +69,8 @@ def evaluate_model(
     if split.query is not None and split.gallery is not None:
         q, g = embed(split.query), embed(split.gallery)
         return evaluate(q, split.query.labels, g, split.gallery.labels, recall_k, ev["nmi"], device)
-    return evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=ev["nmi"], device=device)
+    return evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=ev["nmi"], device=device,
+                    one_shot_ways=ev.get("one_shot_ways"))
 
 
 def _optimizer(model: Embedder, loss: torch.nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
