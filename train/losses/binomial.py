@@ -58,7 +58,7 @@ def binomial_ms(
 
 
 @register("binlifted")
-class BinLiftedLoss(MetricLoss):
+class BinLiftedLoss(BinomialDevianceLoss):
     """BinLifted (MS paper): 0.5 * (binomial deviance + LiftedStruct*), averaging their pair weights.
 
     We follow the paper's definition in section 3 ("an average weighting scheme of binomial
@@ -68,16 +68,6 @@ class BinLiftedLoss(MetricLoss):
     `mining=True` gives that reading (both terms on the MS-mined pairs). The supplementary material
     is not available to us.
     """
-
-    def __init__(
-        self, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, mining: bool = False,
-        epsilon: float = 0.1,
-    ) -> None:
-        super().__init__()
-        check_positive(alpha=alpha, beta=beta)
-        check_epsilon(epsilon)
-        self.alpha, self.beta, self.base = alpha, beta, base
-        self.mining, self.epsilon = mining, epsilon
 
     def loss_from_similarity(
         self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
