@@ -23,7 +23,8 @@ from metricsearch.train.trainer import (
 #: more dimensions even the untrained CNN's random features reach Recall@1 ~0.96-0.98 on the
 #: held-out digits, and 16 steps on classes 0-4 cannot show an improvement there; in 4 dimensions
 #: the untrained model scores ~0.47, so the check measures what the loss taught the network.
-BASE = ["epochs=2", "batches_per_epoch=8", "eval.nmi=false", "model.dim=4"]
+BASE = ["epochs=2", "batches_per_epoch=8", "eval.nmi=false", "model.dim=4",
+        "optimizer.lr=0.001", "optimizer.head_lr=0.001"]
 
 #: per-loss overrides, each with why the loss needs it to learn in 16 steps
 OVERRIDES: dict[str, list[str]] = {
