@@ -209,9 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("train", _cmd_train, "Train an embedder from a YAML config; writes OUTPUT_DIR/NAME/ "
             "(config.yaml, metrics.jsonl, last.pt, best.pt, training.png).")
     p.add_argument("--config", help="YAML config (see configs/); without it the built-in digits default runs")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config value, dotted keys, YAML values (e.g. --set loss.name=ms "
-                        "--set optimizer.lr=3e-4); repeatable")
+    p.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
+                   help="override config values, dotted keys, YAML values, applied in order (e.g. --set "
+                        "sampler.name=p_random sampler.p=0.1 weighting.name=importance); repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run from its last.pt")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where to train (config key device)")

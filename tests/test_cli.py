@@ -95,3 +95,21 @@ def test_inspect_loss_writes_a_png(tmp_path) -> None:
     out = tmp_path / "weights.png"
     assert main(["inspect-loss", "--loss", "ms", "--loss", "ice", "--loss", "dro_kl", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_train_combines_components_from_the_command_line(tmp_path, capsys) -> None:
+    code = main(["train", "--quiet", "--set", "sampler.name=p_random", "sampler.p=0.1", "weighting.name=importance",
+                 "loss.name=contrastive", "epochs=1", "batches_per_epoch=2", "eval.nmi=false",
+                 f"output_dir={tmp_path}"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    saved = (Path(summary["run_dir"]) / "config.yaml").read_text()
+    assert "p_random" in saved and "importance" in saved
+    assert 0.0 < summary["last"]["recall_at_k"]["1"] <= 1.0
+
+
+def test_incompatible_components_are_refused_at_start_up(tmp_path, capsys) -> None:
+    code = main(["train", "--quiet", "--set", "miner.name=semihard", "loss.name=contrastive", f"output_dir={tmp_path}"])
+    assert code == 2
+    assert "triplet" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
