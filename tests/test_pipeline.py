@@ -113,3 +113,16 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_checkpoint(tmp_path) ->
     state = torch.load(tmp_path / "digits" / "last.pt", weights_only=False)
     assert state["epoch"] == 1
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_omniglot_recipe_beats_raw_pixels_threefold(omniglot_dir, repo, tmp_path, capsys) -> None:
+    """configs/omniglot.yaml on held-out alphabets: error at most a third of the raw-pixel baseline's."""
+    config = load_config(repo / "configs" / "omniglot.yaml",
+                         [f"output_dir={tmp_path}", f"dataset=omniglot:{omniglot_dir}"])
+    result = train(config, progress=False)
+    assert main(["evaluate", "--model", "pixels", "--dataset", f"omniglot:{omniglot_dir}", "--no-nmi", "--json"]) == 0
+    pixels = json.loads(capsys.readouterr().out)
+    assert pixels["n_queries"] == result.last_metrics["n_queries"] == 2240
+    model_error = 1 - result.last_metrics["recall_at_k"]["1"]
+    pixel_error = 1 - pixels["recall_at_k"]["1"]
+    assert model_error <= pixel_error / 3, (model_error, pixel_error)
