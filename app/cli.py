@@ -133,7 +133,7 @@ def _print_registry(title: str, registry, hidden: tuple[str, ...] = ()) -> None:
         params = ", ".join(
             f"{k}={v!r}" if v is not inspect.Parameter.empty else k
             for k, v in registry.parameters(name).items()
-            if k not in ("labels", "class_counts", "num_classes", "sampler", *hidden)
+            if k not in ("labels", "class_counts", "num_classes", "num_images", "sampler", *hidden)
         )
         print(f"  {name:<22} {registry.describe(name)}")
         if params:

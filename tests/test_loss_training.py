@@ -67,3 +67,13 @@ def test_loss_trains_on_digits(name, tmp_path, untrained_recall_at_1):
     assert recalls[-1] > untrained_recall_at_1, (
         f"{name}: Recall@1 per epoch {recalls}, untrained {untrained_recall_at_1:.4f}"
     )
+
+
+def test_margin_with_per_image_beta_trains_through_the_trainer(tmp_path, untrained_recall_at_1):
+    config = load_config(None, [f"output_dir={tmp_path}", *BASE,
+                                "loss={name: margin, beta_mode: image, nu: 0.01, beta_lr: 0.01}"])
+    result = train(config, progress=False)
+    state = torch.load(result.run_dir / "last.pt", weights_only=False)
+    beta_image = state["loss"]["beta_image"]
+    assert beta_image.shape == (901,) and beta_image.abs().sum() > 0  # the trainer fed per-image indices
+    assert result.last_metrics["recall_at_k"]["1"] > untrained_recall_at_1

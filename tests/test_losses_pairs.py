@@ -97,13 +97,14 @@ def ref_triplet(emb, labels, margin=0.2, squared=True):
     return sum(terms) / len(terms)
 
 
-def ref_margin(emb, labels, margin=0.2, beta=lambda c: 1.2, nu=0.0):
+def ref_margin(emb, labels, margin=0.2, beta=lambda c: 1.2, nu=0.0, image=None):
     f, y = unit(emb), labels.tolist()
     total, nonzero = 0.0, 0
     for i, j, same in pairs(labels):
         sign = 1.0 if same else -1.0
-        term = torch.relu(margin + sign * (dist_ref(f, i, j) - beta(y[i])))
-        total = total + term + nu * beta(y[i])
+        b = beta(y[i]) + (image[i] if image is not None else 0.0)
+        term = torch.relu(margin + sign * (dist_ref(f, i, j) - b))
+        total = total + term + nu * b
         nonzero += int(term > 0)
     return total / max(nonzero, 1)
 
@@ -191,6 +192,27 @@ def test_margin_class_beta_matches_reference():
     offsets = loss.beta_class.detach().tolist()
     expected = ref_margin(emb, labels, beta=lambda c: 1.2 + offsets[c], nu=0.05)
     torch.testing.assert_close(loss(emb, labels), expected, rtol=1e-6, atol=1e-12)
+
+
+def test_margin_image_beta_matches_reference():
+    emb, labels = batch("singleton")
+    loss = build("margin", beta_mode="image", num_classes=4, num_images=40, nu=0.05)
+    indices = torch.randperm(40, generator=torch.Generator().manual_seed(3))[: len(labels)]
+    with torch.no_grad():
+        loss.beta_class.copy_(torch.tensor([0.1, -0.2, 0.0, 0.3]))
+        loss.beta_image.copy_(torch.linspace(-0.3, 0.3, 40))
+    offsets, per_image = loss.beta_class.detach().tolist(), loss.beta_image.detach()[indices].tolist()
+    expected = ref_margin(emb, labels, beta=lambda c: 1.2 + offsets[c], nu=0.05, image=per_image)
+    torch.testing.assert_close(loss(emb, labels, indices=indices), expected, rtol=1e-6, atol=1e-12)
+    loss(emb.float(), labels, indices=indices).backward()
+    assert loss.beta_image.grad[indices].abs().sum() > 0
+    untouched = torch.ones(40, dtype=torch.bool)
+    untouched[indices] = False
+    assert loss.beta_image.grad[untouched].abs().sum() == 0
+    with pytest.raises(ValueError, match="indices"):
+        loss(emb, labels)
+    with pytest.raises(ValueError, match="num_images"):
+        build("margin", beta_mode="image", num_classes=4)
 
 
 @pytest.mark.parametrize(

@@ -171,7 +171,7 @@ def train(
     model = build_embedder(model_cfg, pretrained=model_cfg.get("pretrained"))
     train_labels = np.asarray(split.train.labels)
     counts = split.train.class_counts()
-    stats = {"class_counts": counts, "num_classes": len(split.train.class_names)}
+    stats = {"class_counts": counts, "num_classes": len(split.train.class_names), "num_images": len(split.train)}
     loss_name, loss_params = component(config, "loss")
     loss_fn = losses.build(loss_name, **stats, **loss_params)
     sampler_name, sampler_params = component(config, "sampler")
@@ -228,7 +228,8 @@ def train(
             mined = sampler.pairs(labels.cpu().numpy())
             if miner is not None:
                 mined = miner(emb.detach(), labels, mined)
-            loss = loss_fn(emb, labels, mined=mined, reduction=weighting)
+            per_image = {"indices": indices.to(device)} if loss_fn.uses_indices else {}
+            loss = loss_fn(emb, labels, mined=mined, reduction=weighting, **per_image)
             if not torch.isfinite(loss):
                 raise TrainingError(
                     f"loss became {loss.item()} at epoch {epoch + 1}, step {n_steps + 1}; "

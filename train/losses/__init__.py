@@ -22,8 +22,8 @@ from metricsearch.train.losses import ms, contrastive, dro, margin, npair, tripl
 
 
 def build(name: str, **params: Any) -> MetricLoss:
-    """A loss module by registry name; `class_counts` / `num_classes` reach only losses that take them."""
-    context = {k: params.pop(k) for k in ("class_counts", "num_classes") if k in params}
+    """A loss module by registry name; `class_counts` / `num_classes` / `num_images` reach only losses that take them."""
+    context = {k: params.pop(k) for k in ("class_counts", "num_classes", "num_images") if k in params}
     return LOSSES.build(name, context, **params)
 
 

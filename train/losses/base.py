@@ -104,6 +104,8 @@ class MetricLoss(nn.Module):
     mines: ClassVar[str] = "pairs"
     #: whether a custom reduction (importance weights, DRO) can replace the default one
     accepts_reduction: ClassVar[bool] = False
+    #: whether `forward` takes `indices` (each row's data set index) for per-image state
+    uses_indices: ClassVar[bool] = False
     #: whether embeddings are L2-normalised before the similarity is taken
     normalize: bool = True
 

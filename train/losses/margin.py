@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from metricsearch.train.losses import register
-from metricsearch.train.losses.base import PairLoss, distances_from_similarity
+from metricsearch.train.losses.base import Mined, PairLoss, Reduction, distances_from_similarity
 
-BETA_MODES = ("fixed", "learned", "class")
+BETA_MODES = ("fixed", "learned", "class", "image")
 
 
 @register("margin")
 class MarginLoss(PairLoss):
-    """Margin loss with boundary beta(i) = beta0 [+ beta_class[c(i)]], normalised by non-zero pairs.
+    """Margin loss with boundary beta(i) = beta0 [+ beta_class[c(i)] [+ beta_img[i]]], normalised by non-zero pairs.
 
     beta_mode "fixed": beta0 is a constant; "learned": beta0 is learned; "class": beta0 is a
     constant and a per-class offset beta_class (starting at 0, labels in [0, num_classes)) is
-    learned. The per-image term of the paper is not implemented (its experiments were
-    inconclusive). With learned betas the regulariser nu * sum over the pairs of beta(i) (the
+    learned; "image": the paper's full form, a per-class and a per-image offset beta_img
+    (starting at 0, one per training image: `num_images`) are learned, the batch's data set
+    indices selecting the per-image terms (`forward(..., indices=...)`, passed by the trainer;
+    `pair_weights`, which has no indices, leaves the per-image term out). With learned betas the regulariser nu * sum over the pairs of beta(i) (the
     paper's objective, one term per pair) is added before dividing by the number of pairs with
     non-zero loss. `beta_lr` is the betas' own learning rate (the paper gives none; 0.0005 as in
     Roth et al.'s "Revisiting" benchmark; None: the base learning rate), see `param_groups`.
     """
+
+    uses_indices: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -33,6 +37,7 @@ class MarginLoss(PairLoss):
         beta0: float = 1.2,
         beta_mode: str = "fixed",
         num_classes: int | None = None,
+        num_images: int | None = None,
         nu: float = 0.0,
         beta_lr: float | None = 0.0005,
     ) -> None:
@@ -45,18 +50,44 @@ class MarginLoss(PairLoss):
             raise ValueError(f"nu must be >= 0, got {nu}")
         if beta_lr is not None and beta_lr < 0:
             raise ValueError(f"beta_lr must be >= 0, got {beta_lr}")
-        if beta_mode == "class" and (num_classes is None or num_classes < 1):
+        if beta_mode in ("class", "image") and (num_classes is None or num_classes < 1):
             raise ValueError(
-                f"num_classes (>= 1) is required for beta_mode='class', got {num_classes}"
+                f"num_classes (>= 1) is required for beta_mode={beta_mode!r}, got {num_classes}"
             )
+        if beta_mode == "image" and (num_images is None or num_images < 1):
+            raise ValueError(f"num_images (>= 1) is required for beta_mode='image', got {num_images}")
         self.margin, self.beta_mode, self.nu, self.beta_lr = margin, beta_mode, nu, beta_lr
         if beta_mode == "learned":
             self.beta0 = nn.Parameter(torch.tensor(float(beta0)))
         else:
             self.register_buffer("beta0", torch.tensor(float(beta0)))
         self.beta_class = (
-            nn.Parameter(torch.zeros(num_classes)) if beta_mode == "class" else None
+            nn.Parameter(torch.zeros(num_classes)) if beta_mode in ("class", "image") else None
         )
+        self.beta_image = nn.Parameter(torch.zeros(num_images)) if beta_mode == "image" else None
+        self._indices: Tensor | None = None
+
+    def forward(
+        self,
+        embeddings: Tensor,
+        labels: Tensor,
+        mined: Mined | None = None,
+        reduction: Reduction | None = None,
+        indices: Tensor | None = None,
+    ) -> Tensor:
+        """The batch loss; `indices` (each row's data set index) select the per-image betas."""
+        if self.beta_image is not None:
+            if indices is None:
+                raise ValueError("beta_mode='image' needs indices: the data set index of every embedding")
+            if indices.shape != labels.shape or indices.min() < 0 or indices.max() >= len(self.beta_image):
+                raise ValueError(
+                    f"indices must be one per embedding, in [0, num_images={len(self.beta_image)})"
+                )
+        self._indices = indices
+        try:
+            return super().forward(embeddings, labels, mined, reduction)
+        finally:
+            self._indices = None
 
     def betas(self, labels: Tensor) -> Tensor:
         """beta(i) for every anchor of the batch (a length-B vector)."""
@@ -68,6 +99,8 @@ class MarginLoss(PairLoss):
                     "for beta_mode='class'"
                 )
             beta = beta + self.beta_class[labels]
+        if self.beta_image is not None and self._indices is not None:
+            beta = beta + self.beta_image[self._indices]
         return beta
 
     def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
