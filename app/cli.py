@@ -36,23 +36,25 @@ def _sample_batch(model_pre, images, n: int) -> np.ndarray:
     return model_pre.batch([images.load(int(i)) for i in idx])
 
 
-def _cmd_export(args: argparse.Namespace) -> int:
-    import torch
-
-    from metricsearch.models.embedder import load_embedder
+def _run_split(saved: dict, dataset: str | None):
+    """The data split of a run's saved config, or of `dataset` when one is given."""
     from metricsearch.train.data import load_split
+
+    spec = dataset or saved.get("dataset")
+    if not spec:
+        raise ValueError("the checkpoint names no data set: pass --dataset SPEC")
+    return load_split(spec, split_classes=None if dataset else saved.get("split_classes"))
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from metricsearch.models.embedder import load_checkpoint, resolve_checkpoint
     from metricsearch.train.export import export_onnx
 
-    model = load_embedder(args.checkpoint)
-    src = Path(args.checkpoint)
-    ckpt = src if src.is_file() else next(p for p in (src / "best.pt", src / "last.pt") if p.is_file())
-    saved = torch.load(ckpt, map_location="cpu", weights_only=False).get("config", {})
-    spec = args.dataset or saved.get("dataset")
-    if not spec:
-        raise ValueError("no data set for the parity batch: pass --dataset SPEC")
-    split = load_split(spec, split_classes=saved.get("split_classes"))
+    model, state = load_checkpoint(args.checkpoint)
+    split = _run_split(state.get("config", {}), args.dataset)
     batch = _sample_batch(model.preprocessing, split.test, args.batch_size)
-    report = export_onnx(model, args.out, batch, source=str(ckpt), opset=args.opset, atol=args.atol)
+    report = export_onnx(model, args.out, batch, source=str(resolve_checkpoint(args.checkpoint)),
+                         opset=args.opset, atol=args.atol)
     print(json.dumps({"onnx": str(report.path), "max_abs_diff": report.max_abs_diff,
                       "parity_batch": report.batch_size, "embedding_dim": model.dim}))
     return 0
@@ -163,16 +165,12 @@ def _cmd_inspect_loss(args: argparse.Namespace) -> int:
     from metricsearch.train.losses.inspect import plot_pair_weights, random_batch
 
     if args.checkpoint:
-        from metricsearch.models.embedder import load_embedder
-        from metricsearch.train.data import load_split
+        from metricsearch.models.embedder import load_checkpoint
         from metricsearch.train.dataset import ImageDataset
         from metricsearch.train.sampling import build_sampler
 
-        model = load_embedder(args.checkpoint)
-        saved = torch.load(next(p for p in (Path(args.checkpoint), Path(args.checkpoint) / "best.pt",
-                                             Path(args.checkpoint) / "last.pt") if p.is_file()),
-                           map_location="cpu", weights_only=False).get("config", {})
-        split = load_split(args.dataset or saved["dataset"], split_classes=saved.get("split_classes"))
+        model, state = load_checkpoint(args.checkpoint)
+        split = _run_split(state.get("config", {}), args.dataset)
         sampler = build_sampler("group", split.test.labels, classes_per_batch=args.classes,
                                 images_per_class=args.per_class, seed=args.seed)
         idx = next(iter(sampler))

@@ -63,20 +63,30 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     return Embedder(preprocessing=Preprocessing.from_dict(pre or {}), pretrained=pretrained, **cfg)
 
 
-def load_embedder(path: str | Path, which: str = "model") -> Embedder:
-    """An Embedder restored from a checkpoint file or a run directory (its best.pt, else last.pt)."""
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint file a path names: the file itself, or a run directory's best.pt, else last.pt."""
     path = Path(path)
     if path.is_dir():
-        candidates = [path / "best.pt", path / "last.pt"]
-        found = [c for c in candidates if c.is_file()]
+        found = [c for c in (path / "best.pt", path / "last.pt") if c.is_file()]
         if not found:
             raise FileNotFoundError(f"{path} has no best.pt or last.pt: is it a metricsearch run directory?")
-        path = found[0]
+        return found[0]
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    return path
+
+
+def load_checkpoint(path: str | Path) -> tuple[Embedder, dict[str, Any]]:
+    """The Embedder (in eval mode) and the whole saved state of a checkpoint file or run directory."""
+    path = resolve_checkpoint(path)
     state = torch.load(path, map_location="cpu", weights_only=False)
     if not isinstance(state, dict) or "model_config" not in state:
         raise ValueError(f"{path} is not a metricsearch checkpoint (no model_config)")
     model = build_embedder(state["model_config"])
-    model.load_state_dict(state[which])
-    return model.eval()
+    model.load_state_dict(state["model"])
+    return model.eval(), state
+
+
+def load_embedder(path: str | Path) -> Embedder:
+    """An Embedder restored from a checkpoint file or a run directory (its best.pt, else last.pt)."""
+    return load_checkpoint(path)[0]

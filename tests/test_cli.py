@@ -113,3 +113,10 @@ def test_incompatible_components_are_refused_at_start_up(tmp_path, capsys) -> No
     assert code == 2
     assert "triplet" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_inspect_loss_on_a_trained_model(digits_run, tmp_path) -> None:
+    out = tmp_path / "trained.png"
+    assert main(["inspect-loss", "--loss", "ms", "--loss", "contrastive", "--checkpoint", str(digits_run.run_dir),
+                 "--classes", "5", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
