@@ -274,7 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"metricsearch {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"metricsearch {args.command}: interrupted", file=sys.stderr)
+        hint = "; the last finished epoch is in last.pt: run the same command with --resume" if args.command == "train" else ""
+        print(f"metricsearch {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
 
