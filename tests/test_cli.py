@@ -120,3 +120,28 @@ def test_inspect_loss_on_a_trained_model(digits_run, tmp_path) -> None:
     assert main(["inspect-loss", "--loss", "ms", "--loss", "contrastive", "--checkpoint", str(digits_run.run_dir),
                  "--classes", "5", "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_training_interrupted_with_ctrl_c_resumes(tmp_path) -> None:
+    import signal
+    import time
+
+    import torch
+
+    args = [sys.executable, "-m", "metricsearch", "train", "--quiet", "--epochs", "12", "--output-dir", str(tmp_path),
+            "--set", "eval.nmi=false", "batches_per_epoch=2", "model.dim=16"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    last = tmp_path / "digits" / "last.pt"
+    deadline = time.monotonic() + 120
+    while not last.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume" in err
+    assert 1 <= torch.load(last, weights_only=False)["epoch"] < 12
+    done = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["epochs"] == 12
+    rows = [json.loads(r) for r in (tmp_path / "digits" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, 13))

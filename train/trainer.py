@@ -261,6 +261,8 @@ def train(
             "scaler": scaler.state_dict(), "epoch": epoch + 1, "history": history,
             "config": config, "class_names": split.test.class_names,
         }
+        _write_metrics(run_dir, history)  # rewritten from the checkpoint's history on --resume
+        plot_training(history, run_dir / "training.png", title=f"{config['name']}: {loss_name} on {config['dataset']}")
         r1 = row.get("recall_at_k", {}).get("1")
         if r1 is not None and r1 > best_r1:
             best_r1 = r1
@@ -268,8 +270,6 @@ def train(
             _save(state, run_dir / "best.pt")
         state["best_recall_at_1"] = best_r1
         _save(state, run_dir / "last.pt")
-        _write_metrics(run_dir, history)
-        plot_training(history, run_dir / "training.png", title=f"{config['name']}: {loss_name} on {config['dataset']}")
         if progress:
             _report(row, epoch, epochs)
     return RunResult(run_dir, len(history), best_r1, last_metrics)
