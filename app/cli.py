@@ -99,6 +99,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         if not args.dataset:
             raise ValueError("pass --dataset SPEC, or --query SPEC --gallery SPEC")
         split = load_split(args.dataset, split_classes=args.split_classes)
+        for note in split.notes:
+            print(f"data: {note}", file=sys.stderr)
         recall_k = args.recall_k or split.recall_k
         if split.query is not None and split.gallery is not None:
             result = evaluate(embed(split.query), split.query.labels, embed(split.gallery),

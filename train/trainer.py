@@ -164,6 +164,9 @@ def train(
     device = resolve_device(config["device"])
     autocast = amp_dtype(device, config["amp"])
     split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"])
+    if progress:
+        for note in split.notes:
+            print(f"data: {note}", flush=True)
     seed = int(config["seed"])
     seed_everything(seed)
 
@@ -259,7 +262,7 @@ def train(
             "model_config": model.config, "model": model.state_dict(), "loss": loss_fn.state_dict(),
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(), "epoch": epoch + 1, "history": history,
-            "config": config, "class_names": split.test.class_names,
+            "config": config, "class_names": split.test.class_names, "data_notes": split.notes,
         }
         _write_metrics(run_dir, history)  # rewritten from the checkpoint's history on --resume
         plot_training(history, run_dir / "training.png", title=f"{config['name']}: {loss_name} on {config['dataset']}")
