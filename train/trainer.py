@@ -228,7 +228,7 @@ def train(
             with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
                 emb = model(images)
             emb = emb.float()
-            mined = sampler.pairs(labels.cpu().numpy())
+            mined = sampler.pairs(labels)
             if miner is not None:
                 mined = miner(emb.detach(), labels, mined)
             per_image = {"indices": indices.to(device)} if loss_fn.uses_indices else {}

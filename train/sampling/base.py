@@ -57,6 +57,6 @@ class LabelBatchSampler(Sampler[list[int]]):
     def observe(self, indices: list[int], embeddings: Tensor) -> None:
         """Called by the trainer after each step with the batch's detached embeddings."""
 
-    def pairs(self, batch_labels: np.ndarray) -> Mined | None:
+    def pairs(self, batch_labels: np.ndarray | Tensor) -> Mined | None:
         """The pairs a pair-list design fixes within a batch (None: all pairs of the batch count)."""
         return None
