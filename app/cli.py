@@ -76,8 +76,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from metricsearch.models.onnx_embedder import OnnxEmbedder
     from metricsearch.models.pixels import PixelEmbedder
     from metricsearch.train.data import load_split
-    from metricsearch.train.dataset import ImageDataset, embed_image_set
-    from metricsearch.train.evaluation import evaluate
+    from metricsearch.train.dataset import embed_image_set
+    from metricsearch.train.evaluation import evaluate, evaluate_split
 
     if args.model == "pixels":
         embedder = PixelEmbedder(args.pixels_size, args.pixels_channels)
@@ -85,9 +85,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         embedder = OnnxEmbedder(args.model, device=args.device)
 
     def embed(images) -> np.ndarray:
-        ds = ImageDataset(images, embedder.preprocessing, cache=False)
-        return embed_image_set(lambda x: embedder.embed_arrays(x.numpy()), ds, args.batch_size,
-                               progress=not args.json, desc="embedding")
+        return embed_image_set(lambda x: embedder.embed_arrays(x.numpy()), images, embedder.preprocessing,
+                               args.batch_size, progress=not args.json, desc="embedding")
 
     if (args.query is None) != (args.gallery is None):
         raise ValueError("--query and --gallery go together")
@@ -101,13 +100,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         split = load_split(args.dataset, split_classes=args.split_classes)
         for note in split.notes:
             print(f"data: {note}", file=sys.stderr)
-        recall_k = args.recall_k or split.recall_k
-        if split.query is not None and split.gallery is not None:
-            result = evaluate(embed(split.query), split.query.labels, embed(split.gallery),
-                              split.gallery.labels, recall_k, not args.no_nmi)
-        else:
-            result = evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=not args.no_nmi,
-                              one_shot_ways=args.one_shot_ways)
+        result = evaluate_split(embed, split, args.recall_k, not args.no_nmi, args.one_shot_ways)
     if args.json:
         print(json.dumps(result))
     else:
@@ -168,25 +161,22 @@ def _cmd_inspect_loss(args: argparse.Namespace) -> int:
 
     if args.checkpoint:
         from metricsearch.models.embedder import load_checkpoint
-        from metricsearch.train.dataset import ImageDataset
+        from metricsearch.train.dataset import embed_image_set
         from metricsearch.train.sampling import build_sampler
 
         model, state = load_checkpoint(args.checkpoint)
         split = _run_split(state.get("config", {}), args.dataset)
         sampler = build_sampler("group", split.test.labels, classes_per_batch=args.classes,
                                 images_per_class=args.per_class, seed=args.seed)
-        idx = next(iter(sampler))
-        ds = ImageDataset(split.test, model.preprocessing, cache=False)
+        batch = split.test.subset(next(iter(sampler)))
         with torch.no_grad():
-            embeddings = model(torch.stack([ds[i][0] for i in idx]))
-        labels = torch.as_tensor(split.test.labels[idx])
+            embeddings = torch.from_numpy(embed_image_set(model, batch, model.preprocessing))
+        labels = torch.as_tensor(batch.labels)
     else:
         embeddings, labels = random_batch(args.classes, args.per_class, args.dim, args.seed)
-    built = {}
-    for name in args.loss:
-        extra = {"class_counts": {int(c): int((labels == c).sum()) for c in labels.unique()},
-                 "num_classes": int(labels.max()) + 1}
-        built[name] = losses.build(name, **extra)
+    stats = {"class_counts": {int(c): int((labels == c).sum()) for c in labels.unique()},
+             "num_classes": int(labels.max()) + 1}
+    built = {name: losses.build(name, **stats) for name in args.loss}
     out = plot_pair_weights(built, embeddings, labels, args.out)
     print(out)
     return 0

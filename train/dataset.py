@@ -44,15 +44,17 @@ class ImageDataset(Dataset):
 
 def embed_image_set(
     forward: Callable[[torch.Tensor], torch.Tensor | np.ndarray],
-    dataset: ImageDataset,
+    images: ImageSet,
+    preprocessing: Preprocessing,
     batch_size: int = 256,
     num_workers: int = 0,
     progress: bool = False,
     desc: str = "embedding",
 ) -> np.ndarray:
-    """Embeddings (N x dim float32) of every image of `dataset`, in order, by `forward` on batches."""
+    """Embeddings (N x dim float32) of every image of `images`, in order, by `forward` on preprocessed batches."""
     from tqdm.auto import tqdm
 
+    dataset = ImageDataset(images, preprocessing, cache=False)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     out = []
     for images, _, _ in tqdm(loader, desc=desc, disable=None if progress else True, leave=False, unit="batch"):

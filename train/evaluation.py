@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from metricsearch.train.data import DataSplit, ImageSet
 
 
 def _sq_distances(q: Tensor, g: Tensor) -> Tensor:
@@ -135,3 +138,21 @@ def one_shot_accuracy(
         d = _sq_distances(x[pairs[:, 1]], x[pairs[:, 0]])
         correct += int((d.argmin(dim=1) == torch.arange(ways)).sum())
     return correct / (episodes * ways)
+
+
+def evaluate_split(
+    embed: Callable[["ImageSet"], np.ndarray],
+    split: "DataSplit",
+    recall_k: Sequence[int] | None = None,
+    with_nmi: bool = True,
+    one_shot_ways: int | None = None,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """`evaluate` of an embedding function on a split's test classes: its queries against its
+    gallery where it has them (In-Shop), else every test image against the others."""
+    recall_k = recall_k or split.recall_k
+    if split.query is not None and split.gallery is not None:
+        return evaluate(embed(split.query), split.query.labels, embed(split.gallery), split.gallery.labels,
+                        recall_k, with_nmi, device)
+    return evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=with_nmi, device=device,
+                    one_shot_ways=one_shot_ways)

@@ -20,10 +20,10 @@ from metricsearch.models.embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.config import component
-from metricsearch.train.data import DataSplit, load_split
+from metricsearch.train.data import DataSplit, ImageSet, load_split
 from metricsearch.train.dataset import ImageDataset, embed_image_set
 from metricsearch.train.device import amp_dtype, resolve_device
-from metricsearch.train.evaluation import evaluate
+from metricsearch.train.evaluation import evaluate_split
 from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.compat import check_compatible
 
@@ -55,22 +55,17 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Recall@K, NMI and MAP@R of `model` on the split's test classes (query vs gallery where given)."""
     ev = config["eval"]
-    recall_k = ev.get("recall_k") or split.recall_k
     model.eval()
 
     @torch.no_grad()
     def forward(images: torch.Tensor) -> torch.Tensor:
         return model(images.to(device))
 
-    def embed(images):
-        ds = ImageDataset(images, model.preprocessing, cache=False)
-        return embed_image_set(forward, ds, ev["batch_size"], config["num_workers"], progress, "evaluating")
+    def embed(images: ImageSet) -> np.ndarray:
+        return embed_image_set(forward, images, model.preprocessing, ev["batch_size"], config["num_workers"],
+                               progress, "evaluating")
 
-    if split.query is not None and split.gallery is not None:
-        q, g = embed(split.query), embed(split.gallery)
-        return evaluate(q, split.query.labels, g, split.gallery.labels, recall_k, ev["nmi"], device)
-    return evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=ev["nmi"], device=device,
-                    one_shot_ways=ev.get("one_shot_ways"))
+    return evaluate_split(embed, split, ev.get("recall_k"), ev["nmi"], ev.get("one_shot_ways"), device)
 
 
 def _optimizer(model: Embedder, loss: torch.nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
