@@ -1,19 +1,20 @@
-"""The `metricsearch` command line: train, export, evaluate, and list what is available."""
+"""The `metricsearch` command line: argument parsing, output formatting, and one public call per command."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
+from metricsearch.errors import MetricsearchError
+
+
+TRAIN_EXTRA_HINT = "needs the `train` extra (torch, torchvision, onnx): pip install 'metricsearch[train]'"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from metricsearch.train.config import load_config
-    from metricsearch.train.trainer import train
+    from metricsearch.train import load_config, train
 
     overrides = list(args.set or [])
     for key in ("device", "name", "output_dir", "epochs"):
@@ -21,101 +22,53 @@ def _cmd_train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={getattr(args, key)}")
     if args.pretrained is not None:
         overrides.append(f"model.pretrained={args.pretrained}")
-    config = load_config(args.config, overrides)
-    result = train(config, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet,
-                   stop_after_epoch=args.stop_after_epoch)
+    result = train(load_config(args.config, overrides), resume=args.resume, overwrite=args.overwrite,
+                   progress=not args.quiet, stop_after_epoch=args.stop_after_epoch)
     summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
                "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
     print(json.dumps(summary, indent=None if args.quiet else 2))
     return 0
 
 
-def _sample_batch(model_pre, images, n: int) -> np.ndarray:
-    """n images spread evenly over an ImageSet, preprocessed."""
-    idx = np.linspace(0, len(images) - 1, num=min(n, len(images))).round().astype(int)
-    return model_pre.batch([images.load(int(i)) for i in idx])
-
-
-def _run_split(saved: dict, dataset: str | None):
-    """The data split of a run's saved config, or of `dataset` when one is given."""
-    from metricsearch.train.data import load_split
-
-    spec = dataset or saved.get("dataset")
-    if not spec:
-        raise ValueError("the checkpoint names no data set: pass --dataset SPEC")
-    return load_split(spec, split_classes=None if dataset else saved.get("split_classes"))
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
-    from metricsearch.models.embedder import load_checkpoint, resolve_checkpoint
-    from metricsearch.train.export import export_onnx
+    from metricsearch.train import export_onnx
 
-    model, state = load_checkpoint(args.checkpoint)
-    split = _run_split(state.get("config", {}), args.dataset)
-    batch = _sample_batch(model.preprocessing, split.test, args.batch_size)
-    report = export_onnx(model, args.out, batch, source=str(resolve_checkpoint(args.checkpoint)),
+    report = export_onnx(args.checkpoint, args.out, dataset=args.dataset, batch_size=args.batch_size,
                          opset=args.opset, atol=args.atol)
     print(json.dumps({"onnx": str(report.path), "max_abs_diff": report.max_abs_diff,
-                      "parity_batch": report.batch_size, "embedding_dim": model.dim}))
+                      "parity_batch": report.batch_size, "embedding_dim": report.embedding_dim}))
     return 0
 
 
-def _aligned_sets(query_spec: str, gallery_spec: str):
-    """Query and gallery ImageSets whose labels agree by class name."""
-    from metricsearch.train.data import load_image_set
-
-    q, g = load_image_set(query_spec), load_image_set(gallery_spec)
-    names = sorted(set(q.class_names) | set(g.class_names))
-    index = {n: i for i, n in enumerate(names)}
-    q_labels = np.array([index[q.class_names[l]] for l in q.labels], dtype=np.int64)
-    g_labels = np.array([index[g.class_names[l]] for l in g.labels], dtype=np.int64)
-    return q, q_labels, g, g_labels
+def _print_metrics(result: dict) -> None:
+    for k, v in result["recall_at_k"].items():
+        print(f"Recall@{k:<5} {v:.4f}")
+    if result["nmi"] is not None:
+        print(f"NMI          {result['nmi']:.4f}")
+    print(f"MAP@R        {result['map_at_r']:.4f}\nqueries      {result['n_queries']}")
+    for key in (k for k in result if k.startswith("one_shot")):
+        print(f"{key:<12} {result[key]:.4f}")
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from metricsearch.models.onnx_embedder import OnnxEmbedder
-    from metricsearch.models.pixels import PixelEmbedder
-    from metricsearch.train.data import load_split
-    from metricsearch.train.dataset import embed_image_set
-    from metricsearch.train.evaluation import evaluate, evaluate_split
+    from metricsearch.evaluation import evaluate_model
+    from metricsearch.models import open_embedder
 
-    if args.model == "pixels":
-        embedder = PixelEmbedder(args.pixels_size, args.pixels_channels)
-    else:
-        embedder = OnnxEmbedder(args.model, device=args.device)
-
-    def embed(images) -> np.ndarray:
-        return embed_image_set(lambda x: embedder.embed_arrays(x.numpy()), images, embedder.preprocessing,
-                               args.batch_size, progress=not args.json, desc="embedding")
-
-    if (args.query is None) != (args.gallery is None):
-        raise ValueError("--query and --gallery go together")
-    if args.query is not None:
-        q, ql, g, gl = _aligned_sets(args.query, args.gallery)
-        recall_k = args.recall_k or (1, 10, 20, 30, 40, 50)
-        result = evaluate(embed(q), ql, embed(g), gl, recall_k, not args.no_nmi)
-    else:
-        if not args.dataset:
-            raise ValueError("pass --dataset SPEC, or --query SPEC --gallery SPEC")
-        split = load_split(args.dataset, split_classes=args.split_classes)
-        for note in split.notes:
-            print(f"data: {note}", file=sys.stderr)
-        result = evaluate_split(embed, split, args.recall_k, not args.no_nmi, args.one_shot_ways)
+    embedder = open_embedder(args.model, args.device, args.pixels_size, args.pixels_channels)
+    result = evaluate_model(
+        embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
+        recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
+        batch_size=args.batch_size, progress=not args.json,
+    )
     if args.json:
         print(json.dumps(result))
     else:
-        for k, v in result["recall_at_k"].items():
-            print(f"Recall@{k:<5} {v:.4f}")
-        if result["nmi"] is not None:
-            print(f"NMI          {result['nmi']:.4f}")
-        print(f"MAP@R        {result['map_at_r']:.4f}\nqueries      {result['n_queries']}")
-        for key in (k for k in result if k.startswith("one_shot")):
-            print(f"{key:<12} {result[key]:.4f}")
+        _print_metrics(result)
     return 0
 
 
 def _cmd_datasets(args: argparse.Namespace) -> int:
-    from metricsearch.train.data import adapters
+    from metricsearch.data import adapters
 
     for spec, text in adapters():
         print(f"{spec:<18} {text}")
@@ -154,31 +107,10 @@ def _cmd_samplers(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect_loss(args: argparse.Namespace) -> int:
-    import torch
+    from metricsearch.train import inspect_loss
 
-    from metricsearch.train import losses
-    from metricsearch.train.losses.inspect import plot_pair_weights, random_batch
-
-    if args.checkpoint:
-        from metricsearch.models.embedder import load_checkpoint
-        from metricsearch.train.dataset import embed_image_set
-        from metricsearch.train.sampling import build_sampler
-
-        model, state = load_checkpoint(args.checkpoint)
-        split = _run_split(state.get("config", {}), args.dataset)
-        sampler = build_sampler("group", split.test.labels, classes_per_batch=args.classes,
-                                images_per_class=args.per_class, seed=args.seed)
-        batch = split.test.subset(next(iter(sampler)))
-        with torch.no_grad():
-            embeddings = torch.from_numpy(embed_image_set(model, batch, model.preprocessing))
-        labels = torch.as_tensor(batch.labels)
-    else:
-        embeddings, labels = random_batch(args.classes, args.per_class, args.dim, args.seed)
-    stats = {"class_counts": {int(c): int((labels == c).sum()) for c in labels.unique()},
-             "num_classes": int(labels.max()) + 1}
-    built = {name: losses.build(name, **stats) for name in args.loss}
-    out = plot_pair_weights(built, embeddings, labels, args.out)
-    print(out)
+    print(inspect_loss(args.loss, args.out, checkpoint=args.checkpoint, dataset=args.dataset, classes=args.classes,
+                       per_class=args.per_class, dim=args.dim, seed=args.seed))
     return 0
 
 
@@ -258,16 +190,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `metricsearch` console script."""
+    """Entry point of the `metricsearch` console script; user errors exit 2 with one line, never a traceback."""
     args = build_parser().parse_args(argv)
+    prefix = f"metricsearch {args.command}"
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"metricsearch {args.command}: error: {exc}", file=sys.stderr)
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("torch", "torchvision", "onnx", "matplotlib"):
+            raise
+        print(f"{prefix}: error: {prefix} {TRAIN_EXTRA_HINT}", file=sys.stderr)
         return 2
+    except (ValueError, OSError) as exc:
+        print(f"{prefix}: error: {exc}", file=sys.stderr)
+        return 2
+    except MetricsearchError as exc:
+        print(f"{prefix}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         hint = "; the last finished epoch is in last.pt: run the same command with --resume" if args.command == "train" else ""
-        print(f"metricsearch {args.command}: interrupted{hint}", file=sys.stderr)
+        print(f"{prefix}: interrupted{hint}", file=sys.stderr)
         return 130
-
-

@@ -46,7 +46,7 @@ import numpy as np
 
 from metricsearch.train import sampling
 from metricsearch.train.config import load_config
-from metricsearch.train.data import load_split
+from metricsearch.data import load_split
 from metricsearch.train.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]

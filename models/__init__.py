@@ -1,7 +1,24 @@
-"""Embedding networks (torch) and the ONNX embedder used at run time, with their preprocessing."""
+"""Embedding networks and the embedders used at run time, with the preprocessing they expect.
 
-from metricsearch.models.backbones import BACKBONES
-from metricsearch.models.embedder import Embedder, build_embedder, load_embedder
+Importing this package does not import torch: the serving side uses `OnnxEmbedder` and
+`PixelEmbedder` alone. The torch networks live in `metricsearch.models.embedder` and
+`metricsearch.models.backbones` (the `train` extra).
+"""
+
+from __future__ import annotations
+
+from metricsearch.models.embed import embed_image_set, preprocessed_batches
+from metricsearch.models.onnx_embedder import OnnxEmbedder, select_providers
+from metricsearch.models.pixels import PixelEmbedder
 from metricsearch.models.preprocessing import Preprocessing
 
-__all__ = ["BACKBONES", "Embedder", "Preprocessing", "build_embedder", "load_embedder"]
+__all__ = ["OnnxEmbedder", "PixelEmbedder", "Preprocessing", "embed_image_set", "open_embedder",
+           "preprocessed_batches", "select_providers"]
+
+
+def open_embedder(model: str, device: str = "auto", pixels_size: int = 28,
+                  pixels_channels: int = 1) -> OnnxEmbedder | PixelEmbedder:
+    """The run-time embedder a name gives: an exported .onnx file, or `pixels` for the raw-pixel baseline."""
+    if model == "pixels":
+        return PixelEmbedder(pixels_size, pixels_channels)
+    return OnnxEmbedder(model, device=device)

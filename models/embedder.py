@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from metricsearch.data import ImageSet
 from metricsearch.models.backbones import BACKBONES
+from metricsearch.models.embed import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 
@@ -45,6 +48,22 @@ class Embedder(nn.Module):
     def dim(self) -> int:
         """Embedding dimension."""
         return self.head.out_features
+
+    @torch.no_grad()
+    def embed_arrays(self, batch: np.ndarray) -> np.ndarray:
+        """Embeddings (N x dim float32) of preprocessed images, on the model's device, in eval mode."""
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        try:
+            return self(torch.from_numpy(batch).to(device)).float().cpu().numpy()
+        finally:
+            self.train(was_training)
+
+    def embed_set(self, images: ImageSet, batch_size: int = 256, progress: bool = False,
+                  workers: int | None = None) -> np.ndarray:
+        """Embeddings of a whole ImageSet, decoded in parallel threads ahead of inference."""
+        return embed_image_set(self.embed_arrays, images, self.preprocessing, batch_size, workers, progress)
 
     def checkpoint(self) -> dict[str, Any]:
         """The model part of a checkpoint: its config and weights."""

@@ -9,6 +9,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from metricsearch.data import ImageSet
+from metricsearch.models.embed import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 METADATA_PREFIX = "metricsearch."
@@ -62,3 +64,8 @@ class OnnxEmbedder:
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """Embeddings of PIL images, preprocessed as the model expects."""
         return self.embed_arrays(self.preprocessing.batch(list(images)))
+
+    def embed_set(self, images: ImageSet, batch_size: int = 256, progress: bool = False,
+                  workers: int | None = None) -> np.ndarray:
+        """Embeddings of a whole ImageSet, decoded in parallel threads ahead of inference."""
+        return embed_image_set(self.embed_arrays, images, self.preprocessing, batch_size, workers, progress)

@@ -7,6 +7,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from metricsearch.data import ImageSet
+from metricsearch.models.embed import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 
@@ -24,3 +26,8 @@ class PixelEmbedder:
     def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
         """Flattened resized pixels of PIL images."""
         return self.embed_arrays(self.preprocessing.batch(list(images)))
+
+    def embed_set(self, images: ImageSet, batch_size: int = 256, progress: bool = False,
+                  workers: int | None = None) -> np.ndarray:
+        """Flattened resized pixels of a whole ImageSet."""
+        return embed_image_set(self.embed_arrays, images, self.preprocessing, batch_size, workers, progress)

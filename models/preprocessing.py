@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from PIL import Image
@@ -22,7 +22,6 @@ class Preprocessing:
     resize: str = "stretch"
     crop_ratio: float = 0.875  # shorter_center_crop: shorter side to size / crop_ratio, then crop
     interpolation: str = "bilinear"
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.channels not in (1, 3):
@@ -100,5 +99,3 @@ class Preprocessing:
         """Inverse of `to_json`."""
         return cls.from_dict(json.loads(text))
 
-
-IMAGENET = dict(channels=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))

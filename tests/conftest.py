@@ -34,3 +34,11 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("runs")
     config = load_config(REPO / "configs" / "digits.yaml", [f"output_dir={out}"])
     return train(config, progress=False)
+
+
+@pytest.fixture(scope="session")
+def digits_onnx(digits_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits run exported to ONNX once per test session."""
+    from metricsearch.train import export_onnx
+
+    return export_onnx(digits_run.run_dir, tmp_path_factory.mktemp("onnx") / "digits.onnx").path

@@ -1,4 +1,4 @@
-"""Tests for metricsearch.train.data: every adapter on tiny trees built here, plus bad input."""
+"""Tests for metricsearch.data: every adapter on tiny trees built here, plus bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import scipy.io
 from PIL import Image
 
-from metricsearch.train.data import DataSplit, ImageSet, adapters, load_image_set, load_split
+from metricsearch.data import DataSplit, ImageSet, adapters, load_image_set, load_split
 
 SMALL_K = (1, 2, 4, 8, 16, 32)
 SHARED_OMNIGLOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "omniglot"

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from metricsearch.models import Preprocessing, build_embedder, load_embedder
+from metricsearch.models import Preprocessing
+from metricsearch.models.embedder import build_embedder, load_embedder
 from metricsearch.models.backbones import BACKBONES
 
 

@@ -125,6 +125,6 @@ def test_omniglot_recipe_beats_raw_pixels_threefold(omniglot_dir, repo, tmp_path
     assert "alphabets split by sorted name" in captured.err  # the user is told how the split was made
     pixels = json.loads(captured.out)
     assert pixels["n_queries"] == result.last_metrics["n_queries"] == 2240
-    model_error = 1 - result.last_metrics["recall_at_k"]["1"]
+    model_error = 1 - result.last_metrics["recall_at_k"][1]
     pixel_error = 1 - pixels["recall_at_k"]["1"]
     assert model_error <= pixel_error / 3, (model_error, pixel_error)

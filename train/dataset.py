@@ -1,4 +1,4 @@
-"""Torch views of an ImageSet: preprocessed (and optionally augmented) tensors with labels."""
+"""The training view of an ImageSet: preprocessed (and optionally augmented) tensors with labels and indices."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Callable
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from metricsearch.models.preprocessing import Preprocessing
-from metricsearch.train.data import ImageSet
+from metricsearch.data import ImageSet
 
 
 class ImageDataset(Dataset):
@@ -41,23 +41,3 @@ class ImageDataset(Dataset):
             im = self.augment(im)
         return torch.from_numpy(self.preprocessing.normalized(im)), int(self.images.labels[i]), i
 
-
-def embed_image_set(
-    forward: Callable[[torch.Tensor], torch.Tensor | np.ndarray],
-    images: ImageSet,
-    preprocessing: Preprocessing,
-    batch_size: int = 256,
-    num_workers: int = 0,
-    progress: bool = False,
-    desc: str = "embedding",
-) -> np.ndarray:
-    """Embeddings (N x dim float32) of every image of `images`, in order, by `forward` on preprocessed batches."""
-    from tqdm.auto import tqdm
-
-    dataset = ImageDataset(images, preprocessing, cache=False)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
-    out = []
-    for images, _, _ in tqdm(loader, desc=desc, disable=None if progress else True, leave=False, unit="batch"):
-        emb = forward(images)
-        out.append(emb.detach().float().cpu().numpy() if isinstance(emb, torch.Tensor) else np.asarray(emb, np.float32))
-    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)

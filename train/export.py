@@ -10,13 +10,15 @@ import numpy as np
 import torch
 
 import metricsearch
-from metricsearch.models.embedder import Embedder
+from metricsearch.errors import MetricsearchError
+from metricsearch.models.embedder import Embedder, load_checkpoint, resolve_checkpoint
 from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
+from metricsearch.train.runs import run_split, sample_batch
 
 INPUT_NAME, OUTPUT_NAME = "images", "embeddings"
 
 
-class ExportError(RuntimeError):
+class ExportError(MetricsearchError):
     """The exported model does not reproduce the torch model."""
 
 
@@ -27,6 +29,7 @@ class ExportReport:
     path: Path
     max_abs_diff: float
     batch_size: int
+    embedding_dim: int
 
 
 def check_parity(model: Embedder, onnx_path: str | Path, batch: np.ndarray, atol: float = 1e-4) -> float:
@@ -45,12 +48,20 @@ def check_parity(model: Embedder, onnx_path: str | Path, batch: np.ndarray, atol
 
 
 def export_onnx(
-    model: Embedder, out: str | Path, batch: np.ndarray, source: str = "", opset: int = 17,
-    atol: float = 1e-4,
+    model: Embedder | str | Path, out: str | Path, batch: np.ndarray | None = None, *,
+    dataset: str | None = None, batch_size: int = 32, source: str = "", opset: int = 17, atol: float = 1e-4,
 ) -> ExportReport:
-    """Write `model` as ONNX (dynamic batch axis, metadata) to `out` and check parity on `batch`."""
+    """Write a model, or a run directory's / checkpoint's, as ONNX (dynamic batch axis, metadata) to `out`,
+    checked for parity on `batch` (default: `batch_size` test images of the run's data set, or of `dataset`)."""
     import onnx
 
+    if not isinstance(model, Embedder):
+        source = source or str(resolve_checkpoint(model))
+        model, state = load_checkpoint(model)
+        if batch is None:
+            batch = sample_batch(model.preprocessing, run_split(state, dataset).test, batch_size)
+    if batch is None:
+        raise ValueError("export_onnx of an in-memory model needs a parity batch")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval().cpu()
@@ -81,4 +92,4 @@ def export_onnx(
     except ExportError:
         out.unlink(missing_ok=True)
         raise
-    return ExportReport(out, diff, len(batch))
+    return ExportReport(out, diff, len(batch), model.dim)

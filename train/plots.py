@@ -18,7 +18,7 @@ def plot_training(history: list[dict[str, Any]], out: str | Path, title: str = "
     ax_loss.plot(epochs, [row["loss"] for row in history], marker="o", color="tab:blue")
     ax_loss.set(xlabel="epoch", ylabel="mean training loss", title="loss")
     evals = [row for row in history if row.get("recall_at_k")]
-    ax_r1.plot([r["epoch"] for r in evals], [r["recall_at_k"]["1"] for r in evals], marker="o", color="tab:green")
+    ax_r1.plot([r["epoch"] for r in evals], [r["recall_at_k"][1] for r in evals], marker="o", color="tab:green")
     ax_r1.set(xlabel="epoch", ylabel="Recall@1 (test classes)", title="Recall@1", ylim=(0, 1.02))
     for ax in (ax_loss, ax_r1):
         ax.grid(alpha=0.3)

@@ -16,19 +16,20 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
+from metricsearch.errors import MetricsearchError
 from metricsearch.models.embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.config import component
-from metricsearch.train.data import DataSplit, ImageSet, load_split
-from metricsearch.train.dataset import ImageDataset, embed_image_set
+from metricsearch.data import DataSplit, ImageSet, load_split
+from metricsearch.evaluation import evaluate_split
+from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
-from metricsearch.train.evaluation import evaluate_split
 from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.compat import check_compatible
 
 
-class TrainingError(RuntimeError):
+class TrainingError(MetricsearchError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
 
 
@@ -49,23 +50,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def evaluate_model(
-    model: Embedder, split: DataSplit, config: dict[str, Any], device: torch.device,
-    progress: bool = False,
-) -> dict[str, Any]:
+def _evaluate(model: Embedder, split: DataSplit, config: dict[str, Any]) -> dict[str, Any]:
     """Recall@K, NMI and MAP@R of `model` on the split's test classes (query vs gallery where given)."""
     ev = config["eval"]
-    model.eval()
-
-    @torch.no_grad()
-    def forward(images: torch.Tensor) -> torch.Tensor:
-        return model(images.to(device))
 
     def embed(images: ImageSet) -> np.ndarray:
-        return embed_image_set(forward, images, model.preprocessing, ev["batch_size"], config["num_workers"],
-                               progress, "evaluating")
+        return model.embed_set(images, batch_size=ev["batch_size"])
 
-    return evaluate_split(embed, split, ev.get("recall_k"), ev["nmi"], ev.get("one_shot_ways"), device)
+    return evaluate_split(embed, split, ev.get("recall_k"), ev["nmi"], ev.get("one_shot_ways"))
 
 
 def _optimizer(model: Embedder, loss: torch.nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
@@ -249,8 +241,7 @@ def train(
                                "images_per_s": seen / (time.perf_counter() - t0)}
         is_last = epoch + 1 == epochs
         if (epoch + 1) % int(config["eval"]["every"]) == 0 or is_last:
-            row.update(evaluate_model(model, split, config, device))
-        row = json.loads(json.dumps(row))  # the same shape as metrics.jsonl (K keys as strings)
+            row.update(_evaluate(model, split, config))
         history.append(row)
         last_metrics = row
         state = {
@@ -261,7 +252,7 @@ def train(
         }
         _write_metrics(run_dir, history)  # rewritten from the checkpoint's history on --resume
         plot_training(history, run_dir / "training.png", title=f"{config['name']}: {loss_name} on {config['dataset']}")
-        r1 = row.get("recall_at_k", {}).get("1")
+        r1 = row.get("recall_at_k", {}).get(1)
         if r1 is not None and r1 > best_r1:
             best_r1 = r1
             state["best_recall_at_1"] = best_r1

@@ -63,3 +63,29 @@ def plot_pair_weights(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out
+
+
+def inspect_loss(
+    names: list[str], out: str | Path, *, checkpoint: str | Path | None = None, dataset: str | None = None,
+    classes: int = 8, per_class: int = 8, dim: int = 64, seed: int = 0,
+) -> Path:
+    """Plot the pair weights of the named losses on one batch: a trained model's test embeddings, else a random one."""
+    from metricsearch.train import losses as registry
+
+    if checkpoint is not None:
+        from metricsearch.models.embedder import load_checkpoint
+        from metricsearch.train.runs import run_split
+        from metricsearch.train.sampling import build_sampler
+
+        model, state = load_checkpoint(checkpoint)
+        test = run_split(state, dataset).test
+        sampler = build_sampler("group", test.labels, classes_per_batch=classes, images_per_class=per_class,
+                                seed=seed)
+        batch = test.subset(next(iter(sampler)))
+        embeddings = torch.from_numpy(model.embed_set(batch))
+        labels = torch.as_tensor(batch.labels)
+    else:
+        embeddings, labels = random_batch(classes, per_class, dim, seed)
+    stats = {"class_counts": {int(c): int((labels == c).sum()) for c in labels.unique()},
+             "num_classes": int(labels.max()) + 1}
+    return plot_pair_weights({name: registry.build(name, **stats) for name in names}, embeddings, labels, out)

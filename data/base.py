@@ -9,11 +9,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from PIL import Image
 
+from .images import load_image
+
 RECALL_K_SMALL: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 RECALL_K_SOP: tuple[int, ...] = (1, 10, 100, 1000)
 RECALL_K_INSHOP: tuple[int, ...] = (1, 10, 20, 30, 40, 50)
-
-UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 @dataclass
@@ -29,20 +29,8 @@ class ImageSet:
         return len(self.items)
 
     def load(self, i: int) -> Image.Image:
-        """Return image i, fully loaded (converted to `mode` when set)."""
-        item = self.items[i]
-        if isinstance(item, np.ndarray):
-            img = Image.fromarray(item)
-        else:
-            try:
-                with Image.open(item) as opened:
-                    opened.load()
-                img = opened
-            except UNREADABLE_ERRORS as e:
-                raise OSError(f"cannot read image {item}: {e}") from e
-        if self.mode is not None and img.mode != self.mode:
-            img = img.convert(self.mode)
-        return img
+        """Image i, fully decoded by `load_image` (converted to `mode` when set)."""
+        return load_image(self.items[i], self.mode)
 
     def class_counts(self) -> dict[int, int]:
         """Map each label to its number of images."""

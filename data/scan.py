@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from .base import UNREADABLE_ERRORS
+from .images import UNREADABLE_ERRORS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 

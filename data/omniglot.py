@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .base import RECALL_K_SMALL, UNREADABLE_ERRORS, DataSplit, split_by_class
+from .base import RECALL_K_SMALL, DataSplit, split_by_class
+from .images import UNREADABLE_ERRORS
 from .scan import class_folders, is_image_name, keep_readable, list_images, warn_unreadable
 
 BACKGROUND = ("images_background", "images_background_small1", "images_background_small2")

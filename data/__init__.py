@@ -1,16 +1,22 @@
-"""Data set adapters: turn a spec (`digits`, `folder:PATH`, `cub200:PATH`, ...) into a class-disjoint split."""
+"""Data sets: adapters that turn a spec (`digits`, `folder:PATH`, `cub200:PATH`, ...) into a
+class-disjoint split, the ImageSet container and the one safe image loader. No torch."""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from . import cars196, cub200, digits, folder, inshop, omniglot, sop
 from .base import DataSplit, ImageSet
 from .download import fetch
+from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
 
-__all__ = ["DataSplit", "ImageSet", "adapters", "load_image_set", "load_split"]
+__all__ = ["DEFAULT_MAX_PIXELS", "DataSplit", "ImageSet", "UnreadableImageError", "adapters", "load_image",
+           "load_image_set", "load_query_gallery", "load_split"]
 
 
 _DESCRIPTIONS: dict[str, str] = {
@@ -79,6 +85,19 @@ def load_image_set(spec: str) -> ImageSet:
     if name != "folder":
         raise ValueError(f"expected folder:PATH (one sub-folder per class), got {spec!r}")
     return folder.load_set(root)
+
+
+def load_query_gallery(query_spec: str, gallery_spec: str) -> tuple[ImageSet, ImageSet]:
+    """Query and gallery sets whose labels agree by class name (one label numbering for both)."""
+    q, g = load_image_set(query_spec), load_image_set(gallery_spec)
+    names = sorted(set(q.class_names) | set(g.class_names))
+    index = {n: i for i, n in enumerate(names)}
+
+    def relabel(s: ImageSet) -> ImageSet:
+        labels = np.array([index[s.class_names[label]] for label in s.labels], dtype=np.int64)
+        return replace(s, labels=labels, class_names=names)
+
+    return relabel(q), relabel(g)
 
 
 def adapters() -> list[tuple[str, str]]:

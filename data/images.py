@@ -1,0 +1,81 @@
+"""The one image loader that training, evaluation and indexing share: bounded, EXIF-upright, mode-safe."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+#: what PIL raises for files it cannot decode (a truncated file, text renamed .png, a bomb, ...)
+UNREADABLE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
+                     Image.DecompressionBombWarning)
+
+#: the default largest image accepted, in pixels (about 8000 x 8000); larger files are refused
+DEFAULT_MAX_PIXELS = 64_000_000
+
+ImageSource = str | Path | bytes | np.ndarray | Image.Image
+
+
+class UnreadableImageError(OSError):
+    """An image that cannot be used: broken, not an image, too large or too small."""
+
+
+def _opened(source: ImageSource) -> Image.Image:
+    if isinstance(source, Image.Image):
+        return source
+    if isinstance(source, np.ndarray):
+        return Image.fromarray(source)
+    if isinstance(source, bytes):
+        return Image.open(io.BytesIO(source))
+    return Image.open(source)
+
+
+def to_mode(image: Image.Image, mode: str | None) -> Image.Image:
+    """The image in PIL `mode` (None: RGB or L as it is), 16-bit scaled, transparency on white."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        arr = np.asarray(image, dtype=np.float64)
+        peak = 65535.0 if image.mode.startswith("I;16") or arr.max() > 255 else 255.0
+        image = Image.fromarray(np.clip(arr * (255.0 / peak), 0, 255).round().astype(np.uint8), "L")
+    elif image.mode == "F":
+        image = Image.fromarray(np.clip(np.asarray(image), 0, 255).astype(np.uint8), "L")
+    if image.mode == "P" and "transparency" in image.info or image.mode in ("PA", "LA", "RGBA", "La", "RGBa"):
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    target = mode or ("L" if image.mode in ("1", "L") else "RGB")
+    return image if image.mode == target else image.convert(target)
+
+
+def load_image(
+    source: ImageSource, mode: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    min_side: int = 1,
+) -> Image.Image:
+    """A fully decoded image (first frame, EXIF orientation applied) or UnreadableImageError saying why."""
+    name = source if isinstance(source, (str, Path)) else "image"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = _opened(source)
+            pixels = image.size[0] * image.size[1]
+            if max_pixels is not None and pixels > max_pixels:
+                raise UnreadableImageError(
+                    f"{name}: {image.size[0]}x{image.size[1]} = {pixels} pixels is over the limit of "
+                    f"{max_pixels} (a decompression bomb?)"
+                )
+            if getattr(image, "is_animated", False):
+                image.seek(0)
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            image = to_mode(image, mode)
+    except UnreadableImageError:
+        raise
+    except FileNotFoundError as exc:
+        raise UnreadableImageError(f"{name}: no such file") from exc
+    except UNREADABLE_ERRORS as exc:
+        reason = str(exc) or type(exc).__name__
+        raise UnreadableImageError(f"{name}: not a readable image ({reason})") from exc
+    if min(image.size) < min_side:
+        raise UnreadableImageError(f"{name}: {image.size[0]}x{image.size[1]} is smaller than {min_side} px")
+    return image

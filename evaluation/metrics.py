@@ -1,0 +1,162 @@
+"""Retrieval metrics: Recall@K, MAP@R and NMI in numpy, computed in blocks (memory O(block x gallery))."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def sq_distances(q: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Squared Euclidean distances, len(q) x len(g), float32."""
+    return (q * q).sum(1, keepdims=True) + (g * g).sum(1)[None, :] - 2.0 * (q @ g.T)
+
+
+def nearest(d: np.ndarray, n: int) -> np.ndarray:
+    """Column indices of the n smallest entries of each row of `d`, nearest first (ties by index)."""
+    if n < d.shape[1]:
+        part = np.sort(np.argpartition(d, n - 1, axis=1)[:, :n], axis=1)
+    else:
+        part = np.broadcast_to(np.arange(d.shape[1]), d.shape)
+    order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def _as_2d(x: Any, what: str) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float32)
+    if arr.ndim != 2:
+        raise ValueError(f"{what} embeddings must be 2-D (items x dim), got shape {arr.shape}")
+    return arr
+
+
+def retrieval_metrics(
+    query: np.ndarray,
+    query_labels: np.ndarray,
+    gallery: np.ndarray | None = None,
+    gallery_labels: np.ndarray | None = None,
+    recall_k: Sequence[int] = (1, 2, 4, 8),
+    block_size: int = 1024,
+) -> dict[str, Any]:
+    """Recall@K and MAP@R of queries against a gallery (the queries themselves when gallery is None).
+
+    Ranking is by Euclidean distance (cosine for L2-normalised embeddings). A query scores in
+    Recall@K if one of its K nearest gallery items (itself excluded) shares its label; queries
+    with no same-label item in the gallery are left out and not counted in `n_queries`.
+    """
+    q, ql = _as_2d(query, "query"), np.asarray(query_labels)
+    same_set = gallery is None
+    g = q if same_set else _as_2d(gallery, "gallery")
+    gl = ql if same_set else np.asarray(gallery_labels)
+    if q.shape[1] != g.shape[1]:
+        raise ValueError(f"query and gallery embeddings must have equal width, got {q.shape} and {g.shape}")
+    if len(ql) != len(q) or len(gl) != len(g):
+        raise ValueError("each embedding needs exactly one label")
+    ks = sorted({int(k) for k in recall_k if int(k) <= len(g) - int(same_set)})
+    if not ks:
+        raise ValueError(f"gallery of {len(g)} is too small for Recall@K with K in {list(recall_k)}")
+    classes, counts = np.unique(gl, return_counts=True)
+    pos = np.clip(np.searchsorted(classes, ql), 0, len(classes) - 1)
+    r = np.where(classes[pos] == ql, counts[pos], 0) - int(same_set)
+    valid = r > 0
+    n_top = min(len(g) - int(same_set), max(max(ks), int(r.max()) if len(r) else 0))
+    hits_at_k = np.zeros(len(ks))
+    ap_sum = 0.0
+    ranks = np.arange(1, n_top + 1)
+    for start in range(0, len(q), block_size):
+        stop = min(start + block_size, len(q))
+        d = sq_distances(q[start:stop], g)
+        if same_set:
+            rows = np.arange(stop - start)
+            d[rows, rows + start] = np.inf
+        rel = gl[nearest(d, n_top)] == ql[start:stop, None]
+        keep = valid[start:stop]
+        for i, k in enumerate(ks):
+            hits_at_k[i] += (rel[:, :k].any(axis=1) & keep).sum()
+        rb = np.maximum(r[start:stop], 1)
+        relf = (rel & (ranks[None, :] <= rb[:, None])).astype(np.float64)
+        ap = (relf.cumsum(axis=1) / ranks[None, :] * relf).sum(axis=1) / rb
+        ap_sum += ap[keep].sum()
+    n = int(valid.sum())
+    denom = max(n, 1)
+    return {
+        "recall_at_k": {k: float(h / denom) for k, h in zip(ks, hits_at_k)},
+        "map_at_r": float(ap_sum / denom),
+        "n_queries": n,
+    }
+
+
+def nmi_score(labels: np.ndarray, clusters: np.ndarray) -> float:
+    """Normalised mutual information of two labellings, geometric normalisation (as scikit-learn's)."""
+    _, y = np.unique(np.asarray(labels), return_inverse=True)
+    _, c = np.unique(np.asarray(clusters), return_inverse=True)
+    joint = np.zeros((y.max() + 1, c.max() + 1))
+    np.add.at(joint, (y, c), 1.0)
+    joint /= len(y)
+    py, pc = joint.sum(1), joint.sum(0)
+    nz = joint > 0
+    mi = float((joint[nz] * np.log(joint[nz] / np.outer(py, pc)[nz])).sum())
+    hy, hc = (float(-(p[p > 0] * np.log(p[p > 0])).sum()) for p in (py, pc))
+    if hy == 0.0 or hc == 0.0:
+        return 1.0 if hy == hc else 0.0
+    return max(0.0, mi) / np.sqrt(hy * hc)
+
+
+def nmi(embeddings: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
+    """NMI of k-means clusters (faiss, k = number of classes, best of 3) against the labels."""
+    import faiss
+
+    x = np.ascontiguousarray(_as_2d(embeddings, "NMI"))
+    y = np.asarray(labels)
+    k = len(np.unique(y))
+    if k < 2 or len(x) <= k:
+        raise ValueError(f"NMI needs at least 2 classes and more points than classes (got {k} classes, {len(x)} points)")
+    kmeans = faiss.Kmeans(x.shape[1], k, niter=25, nredo=3, seed=seed, min_points_per_centroid=1,
+                          max_points_per_centroid=max(256, len(x)), verbose=False)
+    kmeans.train(x)
+    _, clusters = kmeans.index.search(x, 1)
+    return nmi_score(y, clusters[:, 0])
+
+
+def one_shot_accuracy(
+    embeddings: np.ndarray, labels: np.ndarray, ways: int = 20, episodes: int = 1000, seed: int = 0,
+) -> float:
+    """N-way one-shot accuracy: per episode, `ways` classes with one support image each; every class
+    also gives one other image as a query, which must be nearest to its own class's support image."""
+    x = _as_2d(embeddings, "one-shot")
+    y = np.asarray(labels)
+    members = [np.flatnonzero(y == c) for c in np.unique(y)]
+    members = [m for m in members if len(m) >= 2]
+    if len(members) < ways:
+        raise ValueError(f"{ways}-way one-shot needs {ways} classes with 2+ images, the set has {len(members)}")
+    rng = np.random.default_rng(seed)
+    correct = 0
+    for _ in range(episodes):
+        classes = rng.choice(len(members), size=ways, replace=False)
+        pairs = np.stack([rng.choice(members[c], size=2, replace=False) for c in classes])
+        d = sq_distances(x[pairs[:, 1]], x[pairs[:, 0]])
+        correct += int((d.argmin(axis=1) == np.arange(ways)).sum())
+    return correct / (episodes * ways)
+
+
+def evaluate(
+    query: np.ndarray,
+    query_labels: np.ndarray,
+    gallery: np.ndarray | None = None,
+    gallery_labels: np.ndarray | None = None,
+    recall_k: Sequence[int] = (1, 2, 4, 8),
+    with_nmi: bool = True,
+    one_shot_ways: int | None = None,
+) -> dict[str, Any]:
+    """All metrics as one dict: recall_at_k ({K: value}), nmi (None if skipped), map_at_r, n_queries,
+    and `one_shot_<N>way` (N-way one-shot accuracy, Omniglot style) when `one_shot_ways` is given."""
+    result = retrieval_metrics(query, query_labels, gallery, gallery_labels, recall_k)
+    if not with_nmi:
+        result["nmi"] = None
+    elif gallery is None:
+        result["nmi"] = nmi(query, query_labels)
+    else:
+        result["nmi"] = nmi(np.concatenate([query, gallery]), np.concatenate([query_labels, gallery_labels]))
+    result = {k: result[k] for k in ("recall_at_k", "nmi", "map_at_r", "n_queries")}
+    if one_shot_ways:
+        result[f"one_shot_{one_shot_ways}way"] = one_shot_accuracy(query, query_labels, one_shot_ways)
+    return result

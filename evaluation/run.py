@@ -1,0 +1,69 @@
+"""Evaluating an embedder on a data set spec, or on query and gallery specs: load, embed, measure."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from metricsearch.data import DataSplit, ImageSet, load_query_gallery, load_split
+from metricsearch.evaluation.metrics import evaluate
+
+#: Recall@K list for query/gallery evaluation (In-Shop style)
+RECALL_K_QUERY_GALLERY: tuple[int, ...] = (1, 10, 20, 30, 40, 50)
+
+
+class SetEmbedder(Protocol):
+    """Anything that embeds a whole ImageSet (OnnxEmbedder, PixelEmbedder, the trainer's model)."""
+
+    def embed_set(self, images: ImageSet, batch_size: int = 256, progress: bool = False) -> np.ndarray:
+        """Embeddings (N x dim float32) of every image, in order."""
+
+
+def evaluate_split(
+    embed: Callable[[ImageSet], np.ndarray],
+    split: DataSplit,
+    recall_k: Sequence[int] | None = None,
+    with_nmi: bool = True,
+    one_shot_ways: int | None = None,
+) -> dict[str, Any]:
+    """`evaluate` of an embedding function on a split's test classes: its queries against its
+    gallery where it has them (In-Shop), else every test image against the others."""
+    recall_k = recall_k or split.recall_k
+    if split.query is not None and split.gallery is not None:
+        return evaluate(embed(split.query), split.query.labels, embed(split.gallery), split.gallery.labels,
+                        recall_k, with_nmi)
+    return evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=with_nmi,
+                    one_shot_ways=one_shot_ways)
+
+
+def evaluate_model(
+    model: SetEmbedder,
+    *,
+    dataset: str | None = None,
+    query: str | None = None,
+    gallery: str | None = None,
+    split_classes: float | None = None,
+    recall_k: Sequence[int] | None = None,
+    with_nmi: bool = True,
+    one_shot_ways: int | None = None,
+    batch_size: int = 256,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Recall@K, NMI and MAP@R of `model` on a data set's test classes, or of query specs against a gallery spec."""
+    if (query is None) != (gallery is None):
+        raise ValueError("query and gallery go together: pass both, or a dataset")
+    if (query is None) == (dataset is None):
+        raise ValueError("pass either a dataset spec, or query and gallery specs")
+
+    def embed(images: ImageSet) -> np.ndarray:
+        return model.embed_set(images, batch_size=batch_size, progress=progress)
+
+    if query is not None:
+        q, g = load_query_gallery(query, gallery)
+        return evaluate(embed(q), q.labels, embed(g), g.labels, recall_k or RECALL_K_QUERY_GALLERY, with_nmi)
+    split = load_split(dataset, split_classes=split_classes)
+    for note in split.notes:
+        print(f"data: {note}", file=sys.stderr)
+    return evaluate_split(embed, split, recall_k, with_nmi, one_shot_ways)
