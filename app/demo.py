@@ -100,7 +100,7 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
         metrics = evaluate_model(OnnxEmbedder(model), dataset=dataset)
         state.finish("evaluate", metrics)
     log(_format_metrics(metrics))
-    sample, examples = _sample_search(db, log)
+    sample, examples = _sample_search(dataset, db, log)
     result = DemoResult(workdir, run_dir, model, db, metrics, sample, reused)
     if serve:
         from metricsearch.app.web import serve as serve_page
@@ -108,3 +108,37 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
         log(f"[5/5] serve: {db}")
         serve_page(db, host, port, examples=examples, log=log)
     return result
+
+
+def _build_gallery(model: Path, dataset: str, db: Path) -> dict[str, Any]:
+    """Index the test classes of `dataset` into `db` (continuing a build that was cut short)."""
+    from metricsearch.index import build_gallery
+
+    summary = build_gallery(model, dataset, db, split="test", resume=db.exists(), overwrite=False)
+    return {"count": summary.count, "failed": summary.failed, "index": summary.index}
+
+
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    from metricsearch.app.cli import format_metrics
+
+    return "evaluation on the test classes (every test image queries all the others):\n" + format_metrics(metrics)
+
+
+def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 5) -> tuple[list[dict], list]:
+    """One search with the first test image (printed), and one test image of each of the first classes."""
+    from metricsearch.data import load_split
+    from metricsearch.index import Gallery
+
+    test = load_split(dataset).test
+    first = {}
+    for i, label in enumerate(test.labels.tolist()):
+        first.setdefault(label, i)
+    examples = [test.load(i) for i in list(first.values())[:8]]
+    with Gallery.open(db) as gallery:
+        hits = [{"id": h.id, "score": round(float(h.score), 4), "label": h.label}
+                for h in gallery.search([test.load(0)], k)[0]]
+    lines = [f"sample search: the first test image (label {test.class_names[test.labels[0]]}), {k} nearest:",
+             "  rank  score   label  id"]
+    lines += [f"  {r:<5} {h['score']:<7.4f} {h['label']!s:<6} {h['id']}" for r, h in enumerate(hits, 1)]
+    log("\n".join(lines))
+    return hits, examples

@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: modules that must never import torch or metricsearch.train (directly or through their imports)
 TORCH_FREE = ["metricsearch.data", "metricsearch.evaluation", "metricsearch.models",
-              "metricsearch.models.onnx_embedder", "metricsearch.models.embed", "metricsearch.app.cli"]
+              "metricsearch.models.onnx_embedder", "metricsearch.models.embed", "metricsearch.app.cli",
+              "metricsearch.app.web"]
 #: which layers each layer may import
 ALLOWED = {
     "data": {"data"},

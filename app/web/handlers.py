@@ -28,8 +28,9 @@ DEFAULT_QUERY_MAX_PIXELS = 25_000_000
 #: the label filter's value meaning "every label"
 ALL_LABELS = ""
 
-_INFO_NAMES = {"model": "model", "dim": "dimension", "count": "items", "index_type": "index type",
-               "search_params": "search setting", "device": "device"}
+#: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
+ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
+         "search_params": "search setting", "tuning": "tuned for", "device": "device"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,10 @@ class SearchHandlers:
         return out
 
     def _thumbnail(self, item_id: int) -> Image.Image:
-        image = Image.open(io.BytesIO(self.gallery.thumbnail(item_id)))
+        data = self.gallery.thumbnail(item_id)
+        if not data:  # a gallery built without thumbnails
+            return Image.new("RGB", (64, 64), (200, 200, 200))
+        image = Image.open(io.BytesIO(data))
         image.load()
         return image
 
@@ -115,8 +119,9 @@ class SearchHandlers:
 
     def results(self, hits: Sequence[Any]) -> tuple[list[tuple[Image.Image, str]], list[dict[str, Any]]]:
         """The results gallery (thumbnail, caption) and the JSON list (id, score, label) of some hits."""
-        table = [{"id": int(h.id), "score": round(float(h.score), 4), "label": str(h.label)} for h in hits]
-        thumbs = [(self.thumbnail(row["id"]), f"{row['label']} · {row['score']:.3f} · #{row['id']}") for row in table]
+        table = [{"id": int(h.id), "score": round(float(h.score), 4), "label": h.label} for h in hits]
+        thumbs = [(self.thumbnail(row["id"]), f"{row['label'] or '-'} · {row['score']:.3f} · #{row['id']}")
+                  for row in table]
         return thumbs, table
 
     # -- the handlers --------------------------------------------------------------------------
@@ -133,10 +138,15 @@ class SearchHandlers:
         return (image, *self.search(image, k, label))
 
     def about(self) -> str:
-        """The "about this gallery" panel: model, dimension, items, index type and setting, device."""
+        """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
+        info = self.gallery.info()
         rows = []
-        for key, value in self.gallery.info().items():
+        for key, name in ABOUT.items():
+            value = info.get(key)
+            if key == "model" and value:
+                value = Path(str(value)).name
             if isinstance(value, Mapping):
-                value = ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
-            rows.append(f"| {_INFO_NAMES.get(key, key.replace('_', ' '))} | `{value}` |")
+                value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+            if value is not None:
+                rows.append(f"| {name} | `{value}` |")
         return "| | |\n|---|---|\n" + "\n".join(rows)

@@ -46,7 +46,7 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
                 with gr.Accordion("About this gallery", open=False):
                     gr.Markdown(handlers.about(), elem_id="about")
             with gr.Column(scale=3):
-                results = gr.Gallery(label="most similar", columns=5, height="auto", object_fit="contain",
+                results = gr.Gallery(label="most similar", columns=4, height="auto", object_fit="contain",
                                      allow_preview=False, elem_id="results")
                 with gr.Accordion("hits as JSON", open=False):
                     hits = gr.JSON(label="hits", elem_id="hits")
