@@ -109,7 +109,7 @@ def test_clicking_a_result_searches_with_its_thumbnail(handlers, gallery_items) 
 
 
 @pytest.mark.parametrize("value, k, label, message", [
-    (None, 5, "", "Give an image first"),
+    (None, 5, "", "No image to search"),
     ("TEXT", 5, "", "Cannot search with this file. notes.txt: not a readable image"),
     ("IMAGE", 0, "", "k must be between 1 and 50"),
     ("IMAGE", 5, "no-such-label", "no label 'no-such-label'"),

@@ -97,7 +97,8 @@ class SearchHandlers:
             return load_image(value, max_pixels=self.max_pixels)
         path, name = _file_of(value)
         if not path:
-            raise gr.Error("Give an image first: upload, paste or take a webcam shot.", print_exception=False)
+            raise gr.Error("No image to search: upload, paste or take a webcam shot (a file that the query box "
+                           "cannot show is not an image it can read).", print_exception=False)
         try:
             return load_image(Path(path), max_pixels=self.max_pixels)
         except UnreadableImageError as exc:
