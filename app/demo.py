@@ -67,8 +67,7 @@ def demo_config(dataset: str, workdir: Path) -> dict[str, Any]:
 def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo", *, serve: bool = True,
              host: str = "127.0.0.1", port: int = 7860, log: Callable[[str], None] = print) -> DemoResult:
     """Train, export, index the test classes, evaluate, search once, then (with `serve`) serve the page."""
-    from metricsearch.evaluation import evaluate_model
-    from metricsearch.models import OnnxEmbedder
+    from metricsearch.index import evaluate_gallery
     from metricsearch.train import export_onnx, train
 
     workdir = Path(workdir)
@@ -96,8 +95,8 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
         state.finish("index", _build_gallery(model, dataset, db))
     metrics = state.done("evaluate")
     if step(4, "evaluate", metrics, "the evaluation of the first run"):
-        log(f"[4/5] evaluate: {model} on the test classes of {dataset}")
-        metrics = evaluate_model(OnnxEmbedder(model), dataset=dataset)
+        log(f"[4/5] evaluate: every item of {db} searches the others through the index")
+        metrics = evaluate_gallery(db)
         state.finish("evaluate", metrics)
     log(_format_metrics(metrics))
     sample, examples = _sample_search(dataset, db, log)
@@ -121,7 +120,7 @@ def _build_gallery(model: Path, dataset: str, db: Path) -> dict[str, Any]:
 def _format_metrics(metrics: dict[str, Any]) -> str:
     from metricsearch.app.cli import format_metrics
 
-    return "evaluation on the test classes (every test image queries all the others):\n" + format_metrics(metrics)
+    return "evaluation on the test classes (each gallery item queries the others):\n" + format_metrics(metrics)
 
 
 def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 5) -> tuple[list[dict], list]:
