@@ -67,34 +67,41 @@ def demo_config(dataset: str, workdir: Path) -> dict[str, Any]:
 def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo", *, serve: bool = True,
              host: str = "127.0.0.1", port: int = 7860, log: Callable[[str], None] = print) -> DemoResult:
     """Train, export, index the test classes, evaluate, search once, then (with `serve`) serve the page."""
-    from metricsearch.index import evaluate_gallery
+    from metricsearch.index import build_gallery, evaluate_gallery
     from metricsearch.train import export_onnx, train
 
     workdir = Path(workdir)
     state = _State(workdir, dataset)
     run_dir, model, db = workdir / "run", workdir / "model.onnx", workdir / "gallery"
     reused: list[str] = []
+    ran: list[str] = []
+    again = "(delete it to redo this step and the ones after it)"
 
-    def step(n: int, name: str, saved: Any, what: str) -> bool:
-        if saved is not None:
-            reused.append(name)
-            log(f"[{n}/5] {name}: reusing {what} (delete it to redo this step)")
-        return saved is None
+    def reuse(n: int, name: str, saved: Any, what: str) -> bool:
+        """Whether step `name` can keep what an earlier demo left (never after a step that ran again)."""
+        if saved is None or ran:
+            ran.append(name)
+            return False
+        reused.append(name)
+        log(f"[{n}/5] {name}: reusing {what}")
+        return True
 
-    if step(1, "train", state.done("train", run_dir), f"the run in {run_dir}"):
+    if not reuse(1, "train", state.done("train", run_dir), f"the run {run_dir} {again}"):
         log(f"[1/5] train: {dataset} into {run_dir}")
-        resume = (run_dir / "last.pt").is_file()
+        resume = (run_dir / "last.pt").is_file()  # a run cut short goes on where it stopped
         result = train(demo_config(dataset, workdir), resume=resume, overwrite=not resume, progress=True)
         state.finish("train", {"best_recall_at_1": result.best_recall_at_1, "epochs": result.epochs})
-    if step(2, "export", state.done("export", model), f"the model {model}"):
+    if not reuse(2, "export", state.done("export", model), f"the model {model} {again}"):
         log(f"[2/5] export: {model}")
-        report = export_onnx(run_dir, model)
-        state.finish("export", {"max_abs_diff": report.max_abs_diff})
-    if step(3, "index", state.done("index", db), f"the gallery {db}"):
+        state.finish("export", {"max_abs_diff": export_onnx(run_dir, model).max_abs_diff})
+    if not reuse(3, "index", state.done("index", db), f"the gallery {db} {again}"):
         log(f"[3/5] index: the test classes of {dataset} into {db}")
-        state.finish("index", _build_gallery(model, dataset, db))
-    metrics = state.done("evaluate")
-    if step(4, "evaluate", metrics, "the evaluation of the first run"):
+        new_model = len(ran) > 1  # a new model makes a new gallery; else a build cut short goes on
+        summary = build_gallery(model, dataset, db, split="test", resume=not new_model and db.exists(),
+                                overwrite=new_model)
+        state.finish("index", {"count": summary.count, "failed": summary.failed, "index": summary.index})
+    metrics = state.done("evaluate", state.path)
+    if not reuse(4, "evaluate", metrics, f"the evaluation saved in {state.path}"):
         log(f"[4/5] evaluate: every item of {db} searches the others through the index")
         metrics = evaluate_gallery(db)
         state.finish("evaluate", metrics)
@@ -109,14 +116,6 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
     return result
 
 
-def _build_gallery(model: Path, dataset: str, db: Path) -> dict[str, Any]:
-    """Index the test classes of `dataset` into `db` (continuing a build that was cut short)."""
-    from metricsearch.index import build_gallery
-
-    summary = build_gallery(model, dataset, db, split="test", resume=db.exists(), overwrite=False)
-    return {"count": summary.count, "failed": summary.failed, "index": summary.index}
-
-
 def _format_metrics(metrics: dict[str, Any]) -> str:
     from metricsearch.app.cli import format_metrics
 
@@ -124,20 +123,23 @@ def _format_metrics(metrics: dict[str, Any]) -> str:
 
 
 def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 5) -> tuple[list[dict], list]:
-    """One search with the first test image (printed), and one test image of each of the first classes."""
+    """Searches with the first test image of each class (printed); those images are the page's examples."""
     from metricsearch.data import load_split
     from metricsearch.index import Gallery
 
     test = load_split(dataset).test
-    first = {}
+    first: dict[int, int] = {}
     for i, label in enumerate(test.labels.tolist()):
         first.setdefault(label, i)
-    examples = [test.load(i) for i in list(first.values())[:8]]
+    rows = list(first.items())[:8]
+    examples = [test.load(i) for _, i in rows]
     with Gallery.open(db) as gallery:
-        hits = [{"id": h.id, "score": round(float(h.score), 4), "label": h.label}
-                for h in gallery.search([test.load(0)], k)[0]]
-    lines = [f"sample search: the first test image (label {test.class_names[test.labels[0]]}), {k} nearest:",
-             "  rank  score   label  id"]
-    lines += [f"  {r:<5} {h['score']:<7.4f} {h['label']!s:<6} {h['id']}" for r, h in enumerate(hits, 1)]
+        found = gallery.search(examples, k)
+    sample = [{"query_label": test.class_names[label], "hits": [h.to_dict() for h in hits]}
+              for (label, _), hits in zip(rows, found)]
+    lines = [f"sample searches: the first test image of each class and its {k} nearest (label score #id); "
+             "the image itself is in the gallery, so it comes first:"]
+    lines += [f"  {row['query_label']:>8}: " + " | ".join(f"{h['label']} {h['score']:.3f} #{h['id']}" for h in row["hits"])
+              for row in sample]
     log("\n".join(lines))
-    return hits, examples
+    return sample, examples

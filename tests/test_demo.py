@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from gradio_client import Client, handle_file
+from PIL import Image
 
 from metricsearch.app.cli import main
 
@@ -19,7 +20,7 @@ def test_demo_builds_everything_then_reuses_it_and_serves(tmp_path: Path, capsys
     assert main(["demo", "--no-serve", "--workdir", str(work)]) == 0
     out = capsys.readouterr().out
     for text in ("[1/5] train: digits", "[2/5] export", "[3/5] index", "[4/5] evaluate", "Recall@1", "MAP@R",
-                 "sample search: the first test image"):
+                 "sample searches: the first test image of each class"):
         assert text in out, out
     assert "reusing" not in out and "[5/5] serve" not in out
     for made in ("run/best.pt", "model.onnx", "gallery/report.json", "demo.json"):
@@ -45,11 +46,13 @@ def test_demo_builds_everything_then_reuses_it_and_serves(tmp_path: Path, capsys
         for step in ("train", "export", "index", "evaluate"):
             assert f"{step}: reusing" in out, out
         client = Client(f"http://127.0.0.1:{free_port}/", verbose=False, download_files=False)
-        bad = tmp_path / "bad.jpg"
-        bad.write_bytes(b"\xff\xd8 truncated")
-        with pytest.raises(Exception, match="not a readable image"):
-            client.predict(handle_file(str(bad)), api_name="/search")
         query, label = _first_test_digit(tmp_path)
+        broken = tmp_path / "broken.jpg"  # a JPEG cut short, as an interrupted upload leaves it
+        Image.open(query).convert("RGB").resize((256, 256)).save(broken, quality=95)
+        data = broken.read_bytes()
+        broken.write_bytes(data[:len(data) // 2])
+        with pytest.raises(Exception, match="broken.jpg: not a readable image"):
+            client.predict(handle_file(str(broken)), api_name="/search")
         thumbs = client.predict(handle_file(str(query)), 3, api_name="/search")[0]
         assert len(thumbs) == 3 and thumbs[0]["caption"].startswith(f"{label} ·"), thumbs
     finally:
