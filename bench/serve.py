@@ -4,7 +4,8 @@ Builds (once, under --workdir) a gallery of --items images: the digits, scaled t
 jittered (rotation, shift, noise) so that no two are alike; then serves it with
 `metricsearch serve` in a subprocess on 127.0.0.1 and sends --queries fresh jittered digits
 from 1 and from 8 concurrent `gradio_client` clients (each its own thread and connection). In
-the same run it times `Gallery.search` on the same query files, one at a time, in this process.
+the same run it times `Gallery.search` on the same query files, one at a time, in this process
+(one faiss thread, as the server runs it).
 Prints one markdown table: p50/p99 latency, throughput and errors, and the served/bare p50 ratio.
 
     metricsearch demo --no-serve     # makes metricsearch-demo/model.onnx
@@ -23,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import faiss
 import numpy as np
 from PIL import Image
 
@@ -123,6 +125,7 @@ def main() -> None:
         build_gallery(args.model, f"folder:{work / f'images-{args.items}'}", db, overwrite=True)
     queries = jittered_digits(Path(tempfile.mkdtemp(prefix="queries-", dir=work)), args.queries, seed=1)
 
+    faiss.omp_set_num_threads(1)  # as `metricsearch serve` runs its searches
     with Gallery.open(db) as gallery:
         info = gallery.info()
         gallery.search([str(queries[0])], args.k)  # warm-up

@@ -75,7 +75,10 @@ def handlers(digits_gallery: Path):
     from metricsearch.index import Gallery
 
     with Gallery.open(digits_gallery) as gallery:
-        yield SearchHandlers(gallery)
+        handlers = SearchHandlers(gallery)
+        yield handlers
+        handlers.close()
+    assert not handlers.thumbnail_dir.exists()
 
 
 def _png(tmp_path: Path, image: Image.Image, name: str = "query.png", size: int = 56) -> Path:
@@ -90,7 +93,8 @@ def test_a_gallery_image_comes_back_first_with_its_label(handlers, gallery_items
     assert [set(row) for row in table] == [{"id", "score", "label"}] * 5
     assert table[0]["id"] == item_id and table[0]["label"] == label and table[0]["score"] > 0.99
     assert [s for s in (row["score"] for row in table)] == sorted((row["score"] for row in table), reverse=True)
-    assert all(isinstance(t, Image.Image) for t, _ in thumbs)
+    assert [Path(t).read_bytes() for t, _ in thumbs] == [handlers.gallery.thumbnail(row["id"]) for row in table]
+    assert all(Path(t).parent == handlers.thumbnail_dir for t, _ in thumbs)
     assert thumbs[0][1] == f"{label} · {table[0]['score']:.3f} · #{item_id}"
 
 
@@ -105,7 +109,7 @@ def test_label_filter_and_the_crop_editors_value(handlers, gallery_items, tmp_pa
 def test_clicking_a_result_searches_with_its_thumbnail(handlers, gallery_items) -> None:
     _, table = handlers.search(gallery_items[1][2], 4)
     query, _, again = handlers.search_id(table, 4, "", gr.SelectData(None, {"index": 2, "value": None}))
-    assert isinstance(query, Image.Image) and again[0]["id"] == table[2]["id"]
+    assert Path(query).read_bytes() == handlers.gallery.thumbnail(table[2]["id"]) and again[0]["id"] == table[2]["id"]
 
 
 @pytest.mark.parametrize("value, k, label, message", [
@@ -129,6 +133,7 @@ def test_the_pixel_limit_refuses_large_queries(handlers, tmp_path: Path) -> None
     Image.new("L", (65, 64)).save(big)
     with pytest.raises(gr.Error, match="over the limit of 4096"):
         small_limit.search(str(big))
+    small_limit.close()
 
 
 def test_about_panel_names_model_size_index_and_device(handlers) -> None:
@@ -185,12 +190,15 @@ def test_nothing_outside_the_gallery_can_be_fetched(server, digits_gallery: Path
                       f"assets/..%2f..%2f..%2f..{secret}"):
             response = httpx.get(server.url + route, timeout=30)
             assert response.status_code != 200 or Path(secret).read_bytes()[:64] not in response.content, route
-    # the API refuses a file that was not uploaded to it
-    call = httpx.post(server.url + "gradio_api/call/search", timeout=30,
-                      json={"data": [{"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}, 5, ""]})
-    if call.status_code == 200:
-        events = httpx.get(f"{server.url}gradio_api/call/search/{call.json()['event_id']}", timeout=30).text
-        assert "event: error" in events and "root:" not in events, events
+    # the API refuses files that were not uploaded to it, in every form and on every endpoint
+    passwd = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
+    for endpoint, query in [("search", passwd), ("search", "/etc/passwd"), ("search", {"path": "/etc/passwd"}),
+                            ("page_search", {"background": None, "layers": [], "composite": passwd}),
+                            ("page_search", "/etc/passwd")]:
+        call = httpx.post(f"{server.url}gradio_api/call/{endpoint}", json={"data": [query, 5, ""]}, timeout=30)
+        if call.status_code == 200:
+            events = httpx.get(f"{server.url}gradio_api/call/{endpoint}/{call.json()['event_id']}", timeout=30).text
+            assert "event: error" in events and "root:" not in events, (endpoint, query, events)
 
 
 def test_auth_refuses_a_wrong_password(digits_gallery: Path, gallery_items, tmp_path: Path, free_port: int) -> None:

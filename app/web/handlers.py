@@ -9,6 +9,9 @@ LMDB as bytes, never from a file path. Concurrent queries share one inference ca
 from __future__ import annotations
 
 import io
+import shutil
+import tempfile
+import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 import numpy as np
 from PIL import Image
 
@@ -31,6 +35,14 @@ ALL_LABELS = ""
 #: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
 ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
          "search_params": "search setting", "tuning": "tuned for", "device": "device"}
+
+
+@lru_cache(maxsize=1)
+def _placeholder() -> bytes:
+    """A grey square, for galleries built without thumbnails."""
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 200, 200)).save(out, "PNG")
+    return out.getvalue()
 
 
 @dataclass(frozen=True)
@@ -66,7 +78,10 @@ class SearchHandlers:
         self.max_k = max_k
         self.labels = [str(label) for label in gallery.labels()]
         self._search = Coalescer(self._search_batch, max_batch)
-        self.thumbnail = lru_cache(maxsize=4096)(self._thumbnail)
+        #: where thumbnails are written, once each, from the LMDB: Gradio's own upload folder, which it
+        #: serves anyway (a PIL image would be re-encoded and hashed on every answer instead)
+        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=get_upload_folder()))
+        self._thumbnails: dict[int, Path] = {}
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -83,13 +98,17 @@ class SearchHandlers:
                 out[i] = list(hits)[:queries[i].k]
         return out
 
-    def _thumbnail(self, item_id: int) -> Image.Image:
-        data = self.gallery.thumbnail(item_id)
-        if not data:  # a gallery built without thumbnails
-            return Image.new("RGB", (64, 64), (200, 200, 200))
-        image = Image.open(io.BytesIO(data))
-        image.load()
-        return image
+    def thumbnail(self, item_id: int) -> Path:
+        """The file of an item's thumbnail, written from the gallery's LMDB the first time it is asked for."""
+        path = self._thumbnails.get(item_id)
+        if path is None or not path.is_file():  # new, or cleared by Gradio's cache expiry
+            data = self.gallery.thumbnail(item_id) or _placeholder()
+            path = self.thumbnail_dir / f"{item_id}.{Image.open(io.BytesIO(data)).format.lower()}"
+            staging = path.with_name(f".{path.name}.{threading.get_ident()}")
+            staging.write_bytes(data)
+            staging.replace(path)
+            self._thumbnails[item_id] = path
+        return path
 
     def decode(self, value: Any) -> Image.Image:
         """The query image a component sent (path, FileData, editor value or PIL image), or gr.Error saying why not."""
@@ -118,10 +137,10 @@ class SearchHandlers:
             raise gr.Error(f"no label {label!r} in this gallery", print_exception=False)
         return Query(self.decode(value), k, label)
 
-    def results(self, hits: Sequence[Any]) -> tuple[list[tuple[Image.Image, str]], list[dict[str, Any]]]:
+    def results(self, hits: Sequence[Any]) -> tuple[list[tuple[Path, str]], list[dict[str, Any]]]:
         """The results gallery (thumbnail, caption) and the JSON list (id, score, label) of some hits."""
         table = [{"id": int(h.id), "score": round(float(h.score), 4), "label": h.label} for h in hits]
-        thumbs = [(self.thumbnail(row["id"]), f"{row['label'] or '-'} · {row['score']:.3f} · #{row['id']}")
+        thumbs = [(str(self.thumbnail(row["id"])), f"{row['label'] or '-'} · {row['score']:.3f} · #{row['id']}")
                   for row in table]
         return thumbs, table
 
@@ -135,8 +154,8 @@ class SearchHandlers:
         """A click on a result: that result's thumbnail becomes the query, and is searched."""
         if not hits or evt.index is None or not 0 <= int(evt.index) < len(hits):
             raise gr.Error("That result is gone: search again.", print_exception=False)
-        image = self.thumbnail(int(hits[int(evt.index)]["id"]))
-        return (image, *self.search(image, k, label))
+        path = str(self.thumbnail(int(hits[int(evt.index)]["id"])))
+        return (path, *self.search(path, k, label))
 
     def about(self) -> str:
         """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
@@ -151,3 +170,7 @@ class SearchHandlers:
             if value is not None:
                 rows.append(f"| {name} | `{value}` |")
         return "| | |\n|---|---|\n" + "\n".join(rows)
+
+    def close(self) -> None:
+        """Delete the thumbnail files (the gallery stays open)."""
+        shutil.rmtree(self.thumbnail_dir, ignore_errors=True)

@@ -92,8 +92,9 @@ class Server:
     handlers: SearchHandlers
 
     def close(self) -> None:
-        """Stop the server (the gallery stays open)."""
+        """Stop the server and delete its thumbnail files (the gallery stays open)."""
         self.page.close()
+        self.handlers.close()
 
 
 def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: list[tuple[str, str]] | None = None,
@@ -109,8 +110,13 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     """
     if max_upload_mb <= 0 or concurrency < 1 or max_pixels < 1:
         raise ValueError("max_upload_mb, concurrency and max_pixels must be positive")
+    import faiss
+
     from metricsearch.index import Gallery
 
+    # one OpenMP thread per search: requests run side by side (`concurrency`), and OpenMP teams
+    # that wait for each other on a busy CPU made a one-query search many times slower
+    faiss.omp_set_num_threads(1)
     handlers = SearchHandlers(Gallery.open(db), max_pixels=max_pixels)
     page = build_page(handlers, concurrency=concurrency, examples=examples)
     page.queue(max_size=64 * concurrency)
