@@ -34,7 +34,7 @@ ALL_LABELS = ""
 
 #: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
 ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
-         "search_params": "search setting", "tuning": "tuned for", "device": "device"}
+         "search_params": "search setting", "tuning": "measured recall", "device": "device"}
 
 
 @lru_cache(maxsize=1)
@@ -159,7 +159,12 @@ class SearchHandlers:
 
     def about(self) -> str:
         """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
-        info = self.gallery.info()
+        info = dict(self.gallery.info())
+        if not info.get("search_params") and info.get("exact"):
+            info["search_params"] = "exact search"
+        tuning = info.get("tuning") or {}
+        if "recall_at_10" in tuning:
+            info["tuning"] = f"recall@10 {tuning['recall_at_10']} (target {tuning.get('target', '-')})"
         rows = []
         for key, name in ABOUT.items():
             value = info.get(key)
@@ -168,8 +173,8 @@ class SearchHandlers:
             if isinstance(value, Mapping):
                 value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
             if value is not None:
-                rows.append(f"| {name} | `{value}` |")
-        return "| | |\n|---|---|\n" + "\n".join(rows)
+                rows.append(f"- **{name}**: `{value}`")
+        return "\n".join(rows)
 
     def close(self) -> None:
         """Delete the thumbnail files (the gallery stays open)."""

@@ -43,11 +43,11 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
                 button = gr.Button("Search", variant="primary", elem_id="search")
                 if examples:
                     gr.Examples([[image] for image in examples], inputs=[query], label="example queries")
-                with gr.Accordion("About this gallery", open=False):
-                    gr.Markdown(handlers.about(), elem_id="about")
             with gr.Column(scale=3):
                 results = gr.Gallery(label="most similar", columns=4, height="auto", object_fit="contain",
                                      allow_preview=False, elem_id="results")
+                with gr.Accordion("About this gallery", open=False):
+                    gr.Markdown(handlers.about(), elem_id="about")
                 with gr.Accordion("hits as JSON", open=False):
                     hits = gr.JSON(label="hits", elem_id="hits")
         api_image = gr.Image(type="filepath", image_mode=None, visible=False)
