@@ -62,8 +62,9 @@ def ivf_lists(n: int) -> int:
 
 
 def pq_bytes(dim: int, n: int, budget: float) -> int:
-    """Bytes per PQ code: the largest divisor of dim up to dim/2 whose codes (+ ids) fit `budget`."""
-    sizes = [m for m in range(1, dim // 2 + 1) if dim % m == 0] or [1]
+    """Bytes per PQ code: the largest divisor of dim up to dim/4 (sub-vectors of 4+ dimensions)
+    whose codes (+ ids) fit `budget`."""
+    sizes = [m for m in range(1, dim // 4 + 1) if dim % m == 0] or [1]
     fitting = [m for m in sizes if n * (m + 8) <= budget]
     return max(fitting) if fitting else min(sizes)
 
@@ -96,7 +97,8 @@ def choose_index(n: int, dim: int, request: str = "auto", memory: int | None = N
             raise ValueError(f"IVF-PQ needs at least {PQ_MIN} vectors to train its codebooks, the gallery has {n}: "
                              "use --index flat or ivf")
         bits = 8 if n >= 256 * TRAIN_PER_LIST else 4
-        return IndexChoice(f"IVF{ivf_lists(n)},PQ{pq_bytes(dim, n, budget)}x{bits}", "asked for")
+        # np: no polysemous training (slow, and only for Hamming-filtered search, which is not used)
+        return IndexChoice(f"IVF{ivf_lists(n)},PQ{pq_bytes(dim, n, budget)}x{bits}np", "asked for")
     if name == "hnsw":
         return IndexChoice("IDMap,HNSW32", "asked for")
     return IndexChoice(request.strip(), "faiss factory string")

@@ -131,7 +131,11 @@ class Store:
                                  map_size=INITIAL_MAP_SIZE, readahead=False)
         except lmdb.Error as exc:
             raise OSError(f"cannot open the gallery database {path}: {exc}") from exc
-        self.dbs = {name: self.env.open_db(name.encode(), create=writable) for name in DB_NAMES}
+        try:
+            self.dbs = {name: self.env.open_db(name.encode(), create=writable) for name in DB_NAMES}
+        except lmdb.NotFoundError:
+            self.env.close()
+            raise FileNotFoundError(f"{path.parent} is not a gallery yet (its databases are being created)") from None
         self.lock = RWLock()
 
     @classmethod
