@@ -27,7 +27,8 @@ from metricsearch.models import OnnxEmbedder
 from .faiss_files import save_index
 from .faiss_index import INDEX_DIR, build_index, choose_index, describe, select_device, tune
 from .gallery import Gallery, check_model, file_sha256
-from .layout import FORMAT_VERSION, LMDB_DIR, Store, job_lock
+from .layout import FORMAT_VERSION, LMDB_DIR, Store
+from .locks import job_lock
 from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, ImageReader, ReadSettings, StageTimes, run_pipeline, source_names
 from .writer import GalleryWriter, bump_version, start_job
 

@@ -13,7 +13,7 @@ from metricsearch.index.catalog import Catalog
 from metricsearch.index.faiss_files import load_index, save_index
 from metricsearch.index.faiss_index import (build_index, choose_index, describe, index_ids, make_index,
                                             recall_without_self, select_device, set_param, tune)
-from metricsearch.index.gallery import net_changes
+from metricsearch.index.state import net_changes
 from metricsearch.index.layout import ADD, REMOVE, ItemRecord
 
 
