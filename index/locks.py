@@ -15,25 +15,31 @@ _OPEN_LOCK = threading.Lock()
 
 
 class RWLock:
-    """Many readers or one writer; a waiting writer goes before new readers."""
+    """Many readers or one writer; a waiting writer goes before new readers. The read side is a
+    plain mutex in the common case (no writer): it sits on every search."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writer = False
         self._waiting = 0
 
     def acquire_read(self) -> None:
-        with self._cond:
+        self._mutex.acquire()
+        try:
             while self._writer or self._waiting:
                 self._cond.wait()
             self._readers += 1
+        finally:
+            self._mutex.release()
 
     def release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
+        self._mutex.acquire()
+        self._readers -= 1
+        if not self._readers and self._waiting:
+            self._cond.notify_all()
+        self._mutex.release()
 
     @contextmanager
     def writing(self) -> Iterator[None]:

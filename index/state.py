@@ -65,7 +65,7 @@ class IndexState:
         for name, value in header["params"].items():
             set_param(index, name, value)
         state = cls(index, to_device(index, device), describe(index), header, store.ids(txn, "tombstones"),
-                    Catalog.of(version, store.records(txn)), version, generation, device)
+                    Catalog.of(store.records(txn)), version, generation, device)
         state.apply(store, txn, changes, version, catalog_current=True)
         return state
 
@@ -97,8 +97,7 @@ class IndexState:
             if self.search_index is not self.index:
                 self.search_index.add_with_ids(vectors, added)
         if not catalog_current:
-            self.catalog = self.catalog.removed(version, removed).added(version, store.records(txn, added))
-        self.catalog = Catalog(version, self.catalog.ids, self.catalog.codes, self.catalog.paths, self.catalog.names)
+            self.catalog = self.catalog.removed(removed).added(store.records(txn, added))
         self.version, self.selectors = version, {}
 
     def search(self, x: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, np.ndarray]:

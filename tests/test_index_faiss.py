@@ -69,7 +69,7 @@ def test_tuning_reaches_the_recall_target_with_the_smallest_setting(request_, ve
     result = tune(index, vectors, ids, np.setdiff1d(np.arange(len(vectors)), rows), seed=1)
     (name, value), = result["params"].items()
     assert name == ("nprobe" if request_ == "ivf" else "efSearch")
-    assert result["recall_at_10"] >= 0.95 and result["queries"] == 1000
+    assert result["recall_at_10_lower"] >= 0.95 and result["recall_at_10"] > 0.95 and result["queries"] == 1000
     fresh = clustered(500, draw=7)
     _, exact = faiss.knn(fresh, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)
     found = index.search(fresh, 10)[1]
@@ -86,7 +86,7 @@ def test_exact_and_untunable_indexes(vectors) -> None:
     assert tune(flat, vectors[:2000], ids[:2000])["params"] == {}
     pq, _ = build_index(vectors[:4000], ids[:4000], choose_index(4000, 32, "ivfpq", memory=2**30).factory)
     result = tune(pq, vectors[:4000], ids[:4000])
-    assert set(result) == {"params", "recall_at_10", "target", "queries", "items"} and "nprobe" in result["params"]
+    assert {"params", "recall_at_10", "target", "queries", "items"} <= set(result) and "nprobe" in result["params"]
 
 
 def test_ids_and_removal_for_every_kind(vectors) -> None:
@@ -122,7 +122,7 @@ def test_change_log_replay_and_catalog() -> None:
     added, removed = net_changes([(ADD, np.array([1, 2, 3])), (REMOVE, np.array([2, 0])), (ADD, np.array([4]))])
     assert added.tolist() == [1, 3, 4] and removed.tolist() == [0]
     records = [(i, ItemRecord(f"/p/{i}.png", "ab"[i % 2] if i < 4 else None, bytes(32), i)) for i in range(6)]
-    catalog = Catalog.of(1, records[:3]).added(2, records[3:]).removed(3, np.array([1]))
+    catalog = Catalog.of(records[:3]).added(records[3:]).removed(np.array([1]))
     assert catalog.ids.tolist() == [0, 2, 3, 4, 5] and catalog.labels() == ["a", "b"]
     assert catalog.label_ids("a").tolist() == [0, 2] and catalog.rows(np.array([5, 1, -1])).tolist() == [4, -1, -1]
     hits = catalog.hits(np.array([[0.9, 0.5, 0.1]], np.float32), np.array([[4, -1, 3]]))[0]
