@@ -28,7 +28,7 @@ TRAIN_PER_LIST = 40  # IVF training points per list (faiss asks for at least 39)
 PQ_MIN = 1_000  # fewest vectors to train IVF-PQ on
 TARGET_RECALL = 0.95
 TUNE_K = 10
-TUNE_QUERIES = 1_000
+TUNE_QUERIES = 4_000  # enough for the recall estimate to be within about +-0.005
 PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 
 
@@ -152,10 +152,10 @@ def to_device(index: faiss.Index, device: str) -> faiss.Index:
         return index
 
 
-def to_cpu(index: faiss.Index) -> faiss.Index:
-    """A CPU copy of a GPU index (the index itself when it is on the CPU)."""
-    return faiss.index_gpu_to_cpu(index) if hasattr(faiss, "index_gpu_to_cpu") and "Gpu" in type(
-        faiss.downcast_index(index)).__name__ else index
+def to_cpu(index: faiss.Index, device: str) -> faiss.Index:
+    """A CPU copy of an index built on the GPUs (wrappers such as IndexIDMap or replicas included);
+    the index itself on the CPU."""
+    return faiss.index_gpu_to_cpu(index) if device == "gpu" and hasattr(faiss, "index_gpu_to_cpu") else index
 
 
 def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu",
@@ -171,7 +171,7 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
         rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=size, replace=False))
         work.train(np.ascontiguousarray(vectors[rows]))
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
-    return to_cpu(work), rows
+    return to_cpu(work, device), rows
 
 
 def set_param(index: faiss.Index, name: str, value: int) -> None:
