@@ -48,15 +48,24 @@ def to_mode(image: Image.Image, mode: str | None) -> Image.Image:
     return image if image.mode == target else image.convert(target)
 
 
+def _draft(image: Image.Image, shorter: int, longer: int) -> None:
+    """Ask the JPEG decoder for the largest reduction that keeps both sides above the minimums."""
+    w, h = image.size
+    for scale in (8, 4, 2):
+        if min(w, h) // scale >= shorter and max(w, h) // scale >= longer:
+            image.draft(image.mode, (w // scale, h // scale))
+            return
+
+
 def load_image(
     source: ImageSource, mode: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    min_side: int = 1, *, draft: int | None = None, name: str | None = None,
+    min_side: int = 1, *, draft: tuple[int, int] | None = None, name: str | None = None,
 ) -> Image.Image:
     """A fully decoded image (first frame, EXIF orientation applied) or UnreadableImageError saying why.
 
-    `draft` lets a JPEG decode at a reduced scale (1/2, 1/4, 1/8) that keeps both sides at least
-    `draft` pixels: faster, and a large photo never decodes at full size. `name` names the image
-    in error messages (default: the path, or "image")."""
+    `draft` = (shorter, longer) lets a JPEG decode at the smallest scale (1/2, 1/4, 1/8) whose
+    shorter and longer sides are still at least that many pixels: faster, and a large photo
+    never decodes at full size. `name` names the image in error messages (default: the path)."""
     name = name or (source if isinstance(source, (str, Path)) else "image")
     try:
         with warnings.catch_warnings():
@@ -70,8 +79,8 @@ def load_image(
                 )
             if getattr(image, "is_animated", False):
                 image.seek(0)
-            if draft:
-                image.draft(None, (draft, draft))
+            if draft and image.format == "JPEG":
+                _draft(image, *draft)
             image.load()
             image = ImageOps.exif_transpose(image)
             image = to_mode(image, mode)

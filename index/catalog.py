@@ -4,7 +4,7 @@ catalog of the gallery at one committed version, so a search never sees half of 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import overload
 
 import numpy as np
@@ -30,22 +30,27 @@ class Hit:
 class Catalog:
     """Ids (sorted), label codes (-1: none) and paths of every item at one LMDB version; changes make a new one."""
 
-    version: int
     ids: np.ndarray
     codes: np.ndarray
     paths: np.ndarray
     names: tuple[str, ...]
+    row_of: np.ndarray = field(init=False, repr=False)  # id -> row, -1 for none; its last slot serves id -1
+
+    def __post_init__(self) -> None:
+        row_of = np.full(int(self.ids[-1]) + 2 if len(self.ids) else 1, -1, dtype=np.int32)
+        row_of[self.ids] = np.arange(len(self.ids))
+        object.__setattr__(self, "row_of", row_of)
 
     @classmethod
-    def of(cls, version: int, records: Iterable[tuple[int, ItemRecord]]) -> Catalog:
+    def of(cls, records: Iterable[tuple[int, ItemRecord]]) -> Catalog:
         """The catalog of (id, record) pairs."""
-        return cls(version, np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, object), ()).added(version, records)
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, object), ()).added(records)
 
-    def added(self, version: int, records: Iterable[tuple[int, ItemRecord]]) -> Catalog:
+    def added(self, records: Iterable[tuple[int, ItemRecord]]) -> Catalog:
         """A catalog with `records` added."""
         pairs = list(records)
         if not pairs:
-            return Catalog(version, self.ids, self.codes, self.paths, self.names)
+            return self
         names = list(self.names)
         code_of = {n: i for i, n in enumerate(names)}
         for _, r in pairs:
@@ -56,22 +61,25 @@ class Catalog:
         codes = np.concatenate([self.codes, np.array([code_of.get(r.label, -1) for _, r in pairs], np.int32)])
         paths = np.concatenate([self.paths, np.array([r.path for _, r in pairs], object)])
         order = np.argsort(ids, kind="stable")
-        return Catalog(version, ids[order], codes[order], paths[order], tuple(names))
+        return Catalog(ids[order], codes[order], paths[order], tuple(names))
 
-    def removed(self, version: int, ids: np.ndarray) -> Catalog:
+    def removed(self, ids: np.ndarray) -> Catalog:
         """A catalog without `ids`."""
+        if not len(ids):
+            return self
         keep = ~np.isin(self.ids, ids)
-        return Catalog(version, self.ids[keep], self.codes[keep], self.paths[keep], self.names)
+        return Catalog(self.ids[keep], self.codes[keep], self.paths[keep], self.names)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """The row of each id, -1 where the catalog has no such id."""
-        if not len(self.ids):
-            return np.full(np.shape(ids), -1, dtype=np.int64)
-        pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
-        return np.where(self.ids[pos] == ids, pos, -1)
+        """The row of each id (faiss's padding -1 included): -1 where the catalog has no such id."""
+        try:
+            return self.row_of[ids]
+        except IndexError:  # an id past the largest one here
+            ids = np.asarray(ids)
+            return self.row_of[np.where(ids < len(self.row_of) - 1, ids, -1)]
 
     def label_ids(self, label: str) -> np.ndarray:
         """The ids of the items labelled `label` (ValueError if there are none)."""
@@ -92,18 +100,40 @@ class Catalog:
         return self.names[code] if code >= 0 else None
 
     def hits(self, scores: np.ndarray, ids: np.ndarray) -> list[Hits]:
-        """Per query, its hits (faiss's padding ids -1 and unknown ids left out)."""
-        rows = self.rows(ids)
-        return [Hits(self, r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores)]
+        """Per query, its hits: faiss's (scores, ids) rows, resolved against this catalog when read."""
+        return [Hits(self, ids[i], scores[i]) for i in range(len(ids))]
 
 
 class Hits(Sequence[Hit]):
-    """One query's hits, nearest first: a sequence of Hit, built from the catalog when read."""
+    """One query's hits, nearest first: a sequence of Hit. It keeps faiss's raw result and the catalog
+    of the version searched, and resolves labels and paths when first read (padding ids left out)."""
 
-    __slots__ = ("catalog", "rows", "scores")
+    __slots__ = ("catalog", "_ids", "_scores", "_rows")
 
-    def __init__(self, catalog: Catalog, rows: np.ndarray, scores: np.ndarray) -> None:
-        self.catalog, self.rows, self.scores = catalog, rows, scores
+    def __init__(self, catalog: Catalog, ids: np.ndarray, scores: np.ndarray) -> None:
+        self.catalog, self._ids, self._scores, self._rows = catalog, ids, scores, None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The hits' rows in the catalog."""
+        if self._rows is None:
+            rows = self.catalog.rows(self._ids)
+            if rows.size and rows.min() < 0:
+                keep = rows >= 0
+                rows, self._scores = rows[keep], self._scores[keep]
+            self._rows = rows
+        return self._rows
+
+    @property
+    def scores(self) -> np.ndarray:
+        """The hits' scores (inner products of unit vectors: cosine similarity)."""
+        _ = self.rows
+        return self._scores
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The hits' ids."""
+        return self.catalog.ids[self.rows]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -115,14 +145,8 @@ class Hits(Sequence[Hit]):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        row = int(self.rows[i])
-        c = self.catalog
+        row, c = int(self.rows[i]), self.catalog
         return Hit(int(c.ids[row]), float(self.scores[i]), c.label_of(row), c.paths[row])
-
-    @property
-    def ids(self) -> np.ndarray:
-        """The hits' ids as an array."""
-        return self.catalog.ids[self.rows]
 
     def to_list(self) -> list[dict]:
         """[{"id", "score", "label", "path"}, ...] for JSON."""

@@ -28,7 +28,7 @@ TRAIN_PER_LIST = 40  # IVF training points per list (faiss asks for at least 39)
 PQ_MIN = 1_000  # fewest vectors to train IVF-PQ on
 TARGET_RECALL = 0.95
 TUNE_K = 10
-TUNE_QUERIES = 1_000
+TUNE_QUERIES = 4_000  # enough for the recall estimate to be within about +-0.005
 PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 
 
@@ -62,8 +62,9 @@ def ivf_lists(n: int) -> int:
 
 
 def pq_bytes(dim: int, n: int, budget: float) -> int:
-    """Bytes per PQ code: the largest divisor of dim up to dim/2 whose codes (+ ids) fit `budget`."""
-    sizes = [m for m in range(1, dim // 2 + 1) if dim % m == 0] or [1]
+    """Bytes per PQ code: the largest divisor of dim up to dim/4 (sub-vectors of 4+ dimensions)
+    whose codes (+ ids) fit `budget`."""
+    sizes = [m for m in range(1, dim // 4 + 1) if dim % m == 0] or [1]
     fitting = [m for m in sizes if n * (m + 8) <= budget]
     return max(fitting) if fitting else min(sizes)
 
@@ -96,7 +97,8 @@ def choose_index(n: int, dim: int, request: str = "auto", memory: int | None = N
             raise ValueError(f"IVF-PQ needs at least {PQ_MIN} vectors to train its codebooks, the gallery has {n}: "
                              "use --index flat or ivf")
         bits = 8 if n >= 256 * TRAIN_PER_LIST else 4
-        return IndexChoice(f"IVF{ivf_lists(n)},PQ{pq_bytes(dim, n, budget)}x{bits}", "asked for")
+        # np: no polysemous training (slow, and only for Hamming-filtered search, which is not used)
+        return IndexChoice(f"IVF{ivf_lists(n)},PQ{pq_bytes(dim, n, budget)}x{bits}np", "asked for")
     if name == "hnsw":
         return IndexChoice("IDMap,HNSW32", "asked for")
     return IndexChoice(request.strip(), "faiss factory string")
@@ -150,10 +152,10 @@ def to_device(index: faiss.Index, device: str) -> faiss.Index:
         return index
 
 
-def to_cpu(index: faiss.Index) -> faiss.Index:
-    """A CPU copy of a GPU index (the index itself when it is on the CPU)."""
-    return faiss.index_gpu_to_cpu(index) if hasattr(faiss, "index_gpu_to_cpu") and "Gpu" in type(
-        faiss.downcast_index(index)).__name__ else index
+def to_cpu(index: faiss.Index, device: str) -> faiss.Index:
+    """A CPU copy of an index built on the GPUs (wrappers such as IndexIDMap or replicas included);
+    the index itself on the CPU."""
+    return faiss.index_gpu_to_cpu(index) if device == "gpu" and hasattr(faiss, "index_gpu_to_cpu") else index
 
 
 def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu",
@@ -169,7 +171,7 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
         rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=size, replace=False))
         work.train(np.ascontiguousarray(vectors[rows]))
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
-    return to_cpu(work), rows
+    return to_cpu(work, device), rows
 
 
 def set_param(index: faiss.Index, name: str, value: int) -> None:
@@ -177,22 +179,27 @@ def set_param(index: faiss.Index, name: str, value: int) -> None:
     faiss.ParameterSpace().set_index_parameter(index, name, int(value))
 
 
-def recall_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndarray, k: int) -> float:
-    """Mean share of each query's exact k nearest (itself left out) that `found` holds (itself left out)."""
-    hits = total = 0
+def recalls_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
+    """Per query, the share of its exact k nearest (itself left out) that `found` holds."""
+    out = []
     for f, e, q in zip(found, exact, query_ids):
         truth = [i for i in e if i != q and i >= 0][:k]
         got = {i for i in f if i != q and i >= 0}
-        hits += len(got.intersection(truth))
-        total += len(truth)
-    return hits / max(total, 1)
+        out.append(len(got.intersection(truth)) / max(len(truth), 1))
+    return np.array(out)
+
+
+def recall_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndarray, k: int) -> float:
+    """Mean recall@k of `found` against `exact`, each query itself left out."""
+    return float(recalls_without_self(found, exact, query_ids, k).mean())
 
 
 def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | None = None, *,
          target: float = TARGET_RECALL, k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0) -> dict:
-    """The smallest nprobe / efSearch whose recall@k against exact search reaches `target`, on up to
-    `n_queries` gallery vectors (from `held_out` rows when given) searching for their neighbours;
-    sets it on the index and returns {"params", "recall_at_10", "target", "queries", "items"}."""
+    """The smallest nprobe / efSearch whose recall@k against exact search reaches `target` (its lower
+    95% bound does), on up to `n_queries` gallery vectors (from `held_out` rows, those the index was
+    not trained on, when given) searching for their neighbours, themselves left out; sets it on the
+    index and returns {"params", "recall_at_10", "recall_at_10_lower", "target", "queries", "items"}."""
     info = describe(index)
     result = {"params": {}, "recall_at_10": 1.0, "target": target, "queries": 0, "items": len(vectors)}
     if info["exact"] or len(vectors) < 2:
@@ -203,33 +210,37 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
     _, exact_rows = faiss.knn(queries, np.ascontiguousarray(vectors), k + 1, metric=faiss.METRIC_INNER_PRODUCT)
     exact = np.where(exact_rows >= 0, ids[exact_rows.clip(0)], -1)
 
-    def recall_at(value: int | None) -> float:
+    def recall_at(value: int | None) -> tuple[float, float]:
+        """Mean recall and its lower 95% bound (mean - 2 standard errors): the bound must reach the
+        target, so that the setting holds on other queries too, not just on this sample."""
         if value is not None:
             set_param(index, info["param"], value)
-        return recall_without_self(index.search(queries, k + 1)[1], exact, query_ids, k)
+        r = recalls_without_self(index.search(queries, k + 1)[1], exact, query_ids, k)
+        return float(r.mean()), float(r.mean() - 2 * r.std() / np.sqrt(len(r)))
 
     result["queries"] = len(rows)
     if info["param"] is None:
-        result["recall_at_10"] = recall_at(None)
+        result["recall_at_10"] = round(recall_at(None)[0], 4)
         return result
     ivf = faiss.try_extract_index_ivf(index)
     low, high = (1, ivf.nlist) if ivf is not None else (k, 4096)
     value, best, lo = low, None, low
     while True:
         r = recall_at(value)
-        if r >= target or value >= high:
+        if r[1] >= target or value >= high:
             best = (value, r)
             break
         lo, value = value, min(high, value * 2)
-    while best[1] >= target and best[0] - lo > 1:  # bisect between the last failing and first passing
+    while best[1][1] >= target and best[0] - lo > 1:  # bisect between the last failing and first passing
         mid = (lo + best[0]) // 2
         r = recall_at(mid)
-        best, lo = ((mid, r), lo) if r >= target else (best, mid)
+        best, lo = ((mid, r), lo) if r[1] >= target else (best, mid)
     set_param(index, info["param"], best[0])
-    result.update(params={info["param"]: best[0]}, recall_at_10=round(best[1], 4))
-    if best[1] < target:
+    result.update(params={info["param"]: best[0]}, recall_at_10=round(best[1][0], 4),
+                  recall_at_10_lower=round(best[1][1], 4))
+    if best[1][1] < target:
         log.warning("faiss: %s reaches recall@%d %.3f at most (%s=%d), below the target %.2f",
-                    type(_inner(index)[0]).__name__, k, best[1], info["param"], best[0], target)
+                    type(_inner(index)[0]).__name__, k, best[1][0], info["param"], best[0], target)
     return result
 
 

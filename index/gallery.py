@@ -1,8 +1,8 @@
 """`Gallery.open(DIR)`: a built gallery, opened once and searched from many threads.
 
 The faiss index is loaded from its newest file and brought up to the LMDB's committed version
-by replaying the change log; every search first checks that version, and catches up when another
-thread or process has committed since. A search runs on one (faiss index, catalog) pair of one
+by replaying the change log. Writes through this object update it at once; a search checks the
+LMDB's version (at most once a millisecond) and catches up when another process has committed. A search runs on one (faiss index, catalog) pair of one
 version, under a shared lock that changes take exclusively: it sees a batch whole or not at all.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,13 +22,16 @@ import numpy as np
 from metricsearch.models import OnnxEmbedder, select_providers
 
 from .catalog import Catalog, Hits
-from .faiss_files import index_bytes, load_index, save_index
-from .faiss_index import describe, search_params, select_device, set_param, to_device
-from .layout import ADD, FORMAT_VERSION, Store, id_key, job_lock
+from .faiss_files import index_bytes, save_index
+from .faiss_index import select_device
+from .layout import FORMAT_VERSION, Store, id_key
+from .locks import job_lock
+from .state import IndexState, Newer
 from .pipeline import ReadSettings, decode, normalized, read_bytes
 
 log = logging.getLogger("metricsearch.index")
 LOG_KEEP = 10_000  # commits of change log kept behind the faiss file, for readers that lag
+RECHECK_S = 0.001  # a search checks the LMDB for other processes' commits at most this often
 
 
 def file_sha256(path: str | Path) -> str:
@@ -48,18 +52,6 @@ def check_model(meta_model: dict, path: str | Path, dim: int | None = None) -> N
             f"({dim or '?'}-d), the gallery was built with {meta_model['fingerprint'][:12]} "
             f"({meta_model['dim']}-d, from {meta_model['source']}); its embeddings are not comparable"
         )
-
-
-class _Newer(Exception):
-    """The faiss file on disk is newer than the transaction in hand: take a fresh one."""
-
-
-def net_changes(changes: list[tuple[bytes, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """(added, removed) over a run of log entries: ids added then removed cancel (ids are never reused)."""
-    empty = np.zeros(0, np.int64)
-    added = np.concatenate([ids for op, ids in changes if op == ADD] or [empty])
-    removed = np.concatenate([ids for op, ids in changes if op != ADD] or [empty])
-    return np.setdiff1d(added, removed), np.setdiff1d(removed, added)
 
 
 class Gallery:
@@ -88,8 +80,8 @@ class Gallery:
         log.info("gallery %s: faiss on %s", db, self.faiss_device)
         self._embedder: OnnxEmbedder | None = None
         self._embedder_lock = threading.Lock()
-        self._version = self._generation = -1
-        self._selectors: dict[Any, tuple] = {}
+        self._state: IndexState | None = None
+        self._checked_at = -1.0
         self.refresh()
 
     @classmethod
@@ -135,67 +127,21 @@ class Gallery:
             with self.store.lock.writing():
                 try:
                     txn = self.store.env.begin()
-                except lmdb.MapResizedError:
+                except lmdb.MapResizedError:  # another process grew the map: adopt its size
                     self.store.env.set_mapsize(0)
                     txn = self.store.env.begin()
                 try:
-                    return self._catch_up(txn)
-                except _Newer:
+                    if self._state is None:
+                        self._state = IndexState.load(self.db, self.store, txn, self.model_info, self.faiss_device)
+                    else:
+                        self._state = self._state.advance(self.db, self.store, txn, self.model_info)
+                    self._checked_at = time.monotonic()
+                    return
+                except Newer:
                     continue
                 finally:
                     txn.abort()
         raise OSError(f"{self.db}: the faiss index keeps changing under this reader; try again")
-
-    def _catch_up(self, txn: lmdb.Transaction) -> None:
-        version, generation = self.store.version(txn), self.store.meta(txn, "generation", 0)
-        if version == self._version:
-            return
-        changes = self.store.log_since(txn, self._version, version) if generation == self._generation else None
-        if changes is None:
-            return self._load(txn, version, generation)
-        self._apply(txn, changes, version)
-
-    def _load(self, txn: lmdb.Transaction, version: int, generation: int) -> None:
-        loaded = load_index(self.db)
-        if loaded is None:
-            raise ValueError(f"{self.db} has no faiss index: run `metricsearch index rebuild --db {self.db}`")
-        index, header = loaded
-        if header["version"] > version:
-            raise _Newer
-        if header["fingerprint"] != self.model_info["fingerprint"] or header["dim"] != self.dim:
-            raise ValueError(f"{self.db}: the faiss index was built for another model or dimension "
-                             f"({header['dim']}-d); run `metricsearch index rebuild --db {self.db}`")
-        changes = self.store.log_since(txn, header["version"], version)
-        if changes is None:
-            raise ValueError(f"{self.db}: the faiss file (write {header['version']}) is older than the change log "
-                             f"reaches; run `metricsearch index rebuild --db {self.db}`")
-        self._header, self._info, self._index = header, describe(index), index
-        for name, value in header["params"].items():
-            set_param(index, name, value)
-        self._search_index = to_device(index, self.faiss_device)
-        self._tombstones = self.store.ids(txn, "tombstones")
-        self._catalog = Catalog.of(version, self.store.records(txn))  # the catalog is read at `version`
-        self._generation = generation
-        self._apply(txn, changes, version, catalog_current=True)
-
-    def _apply(self, txn: lmdb.Transaction, changes: list, version: int, catalog_current: bool = False) -> None:
-        added, removed = net_changes(changes)
-        if len(removed) and self._info["removable"]:
-            self._index.remove_ids(faiss.IDSelectorBatch(removed))
-            if self._search_index is not self._index:
-                self._search_index = to_device(self._index, self.faiss_device)
-        elif len(removed):
-            self._tombstones = np.union1d(self._tombstones, removed)
-        if len(added):
-            _, vectors = self.store.vectors(txn, added)
-            self._index.add_with_ids(vectors, added)
-            if self._search_index is not self._index:
-                self._search_index.add_with_ids(vectors, added)
-        catalog = self._catalog if catalog_current else self._catalog.removed(version, removed).added(
-            version, self.store.records(txn, added))
-        self._catalog = Catalog(version, catalog.ids, catalog.codes, catalog.paths, catalog.names)
-        self._version = version
-        self._selectors = {}
 
     # --- searching ------------------------------------------------------------------------------
 
@@ -211,45 +157,26 @@ class Gallery:
         while True:
             lock.acquire_read()
             try:
-                txn = self.store.begin()
-                current = self.store.version(txn) == self._version
-                txn.abort()
+                state, now = self._state, time.monotonic()
+                current = now - self._checked_at < RECHECK_S
+                if not current:  # at most once per RECHECK_S: has another process committed?
+                    txn = self.store.begin()
+                    current = self.store.version(txn) == state.version
+                    txn.abort()
+                    if current:
+                        self._checked_at = now
                 if current:
-                    catalog = self._catalog
-                    selector = self._selector(label, catalog)
-                    if selector is None:
-                        scores, ids = self._search_index.search(x, k)
-                    else:
-                        params = search_params(self._info, self._header["params"], selector[0])
-                        scores, ids = self._index.search(x, k, params=params)
+                    catalog = state.catalog
+                    scores, ids = state.search(x, k, label)
                     break
             finally:
                 lock.release_read()
             self.refresh()
         return catalog.hits(scores, ids)
 
-    def _selector(self, label: str | None, catalog: Catalog) -> tuple | None:
-        """(selector, the objects it points to) for a label filter and removed-but-indexed ids; cached."""
-        if label is None and not len(self._tombstones):
-            return None
-        cached = self._selectors.get(label)
-        if cached is None:
-            refs: list = []
-            selector = None
-            if label is not None:
-                selector = faiss.IDSelectorBatch(catalog.label_ids(label))
-                refs.append(selector)
-            if len(self._tombstones):
-                dead = faiss.IDSelectorBatch(self._tombstones)
-                alive = faiss.IDSelectorNot(dead)
-                refs += [dead, alive]
-                selector = alive if selector is None else faiss.IDSelectorAnd(selector, alive)
-            cached = self._selectors[label] = (selector, refs)
-        return cached
-
     def _query_vectors(self, queries: Any) -> np.ndarray:
         if isinstance(queries, np.ndarray) and queries.dtype.kind == "f":
-            x = np.array(np.atleast_2d(queries), dtype=np.float32)
+            x = np.array(queries, dtype=np.float32, ndmin=2)
         else:
             x = self.embed(list(queries) if isinstance(queries, (list, tuple)) else [queries])
         if x.ndim != 2 or x.shape[1] != self.dim:
@@ -283,19 +210,19 @@ class Gallery:
     @property
     def catalog(self) -> Catalog:
         """The ids, labels and paths of the items at the version searches see now."""
-        return self._catalog
+        return self._state.catalog
 
     @property
     def exact(self) -> bool:
         """Whether the index searches exactly (flat) rather than approximately."""
-        return bool(self._info["exact"])
+        return bool(self._state.info["exact"])
 
     def __len__(self) -> int:
-        return len(self._catalog)
+        return len(self._state.catalog)
 
     def labels(self) -> list[str]:
         """The labels the items carry, sorted."""
-        return self._catalog.labels()
+        return self._state.catalog.labels()
 
     def item(self, item_id: int) -> dict:
         """An item's id, path, label, sha256 and byte size (KeyError if there is no such item)."""
@@ -318,6 +245,7 @@ class Gallery:
         """Model, dimension, count, index type and its search parameters, device, size on disk."""
         with self.store.read() as txn:
             job = self.store.meta(txn, "job")
+        state = self._state
         lmdb_bytes, faiss_bytes = self.store.used_bytes(), index_bytes(self.db)
         model_bytes = self.model_path.stat().st_size if self.model_path.is_file() else 0
         if self._embedder is not None:
@@ -329,9 +257,9 @@ class Gallery:
         return {
             "db": str(self.db), "model": self.model_info["source"], "fingerprint": self.model_info["fingerprint"],
             "dim": self.dim, "count": len(self), "labels": len(self.labels()),
-            "index_type": self._header["factory"], "index_kind": self._info["kind"], "exact": self._info["exact"],
-            "search_params": dict(self._header["params"]), "tuning": self._header.get("tuning", {}),
-            "removed_pending_rebuild": int(len(self._tombstones)), "version": self._version,
+            "index_type": state.header["factory"], "index_kind": state.info["kind"], "exact": state.info["exact"],
+            "search_params": dict(state.header["params"]), "tuning": state.header.get("tuning", {}),
+            "removed_pending_rebuild": int(len(state.tombstones)), "version": state.version,
             "device": {"faiss": self.faiss_device, "onnxruntime": providers[0]},
             "thumbnail_size": self.settings.get("thumbnail_size"), "last_job": job,
             "size_bytes": {"lmdb": lmdb_bytes, "faiss": faiss_bytes, "model": model_bytes,
@@ -346,9 +274,10 @@ class Gallery:
 
         self.store.lock.acquire_read()
         try:
-            version = self._version
-            header = dict(self._header, version=version, generation=self._generation, count=len(self._catalog))
-            path = save_index(self.db, self._index, header)
+            state = self._state
+            version = state.version
+            header = dict(state.header, version=version, generation=state.generation, count=len(state.catalog))
+            path = save_index(self.db, state.index, header)
         finally:
             self.store.lock.release_read()
 
@@ -357,7 +286,6 @@ class Gallery:
             bump_version(self.store, txn)
 
         self.store.write(trim)
-        self._header = header
         return path
 
     def add(self, images: str, **options: Any):
@@ -372,11 +300,12 @@ class Gallery:
 
         if (ids is None) == (label is None):
             raise ValueError("remove takes ids or a label (one of the two)")
-        targets = self._catalog.label_ids(label) if label is not None else np.asarray(list(ids), dtype=np.int64)
-        unknown = np.setdiff1d(targets, self._catalog.ids)
+        catalog = self._state.catalog
+        targets = catalog.label_ids(label) if label is not None else np.asarray(list(ids), dtype=np.int64)
+        unknown = np.setdiff1d(targets, catalog.ids)
         if len(unknown):
             raise ValueError(f"no item with id {', '.join(map(str, unknown[:10]))} in {self.db}; nothing removed")
-        removed = GalleryWriter(self.store).remove(targets, tombstones=not self._info["removable"])
+        removed = GalleryWriter(self.store).remove(targets, tombstones=not self._state.info["removable"])
         self.refresh()
         self.checkpoint()
         return removed
@@ -386,7 +315,5 @@ class Gallery:
         from .jobs import build_faiss
 
         header = build_faiss(self.store, self.db, index, self.faiss_device)
-        with self.store.lock.writing():
-            self._version = -1
-        self.refresh()
+        self.refresh()  # the new generation: loaded from the new file
         return header

@@ -19,9 +19,7 @@ Ids are 8-byte big-endian keys, so cursors walk them in numeric order; they are 
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import struct
 import threading
 from contextlib import contextmanager
@@ -32,8 +30,9 @@ from typing import Any, Callable, Iterator, TypeVar
 import lmdb
 import numpy as np
 
+from .locks import RWLock
+
 LMDB_DIR = "gallery.lmdb"
-LOCK_FILE = "write.lock"
 FORMAT_VERSION = 1
 DB_NAMES = ("metadata", "items", "thumbnails", "embeddings", "hashes", "sources", "failures", "log", "tombstones")
 INITIAL_MAP_SIZE = 1 << 30
@@ -75,45 +74,8 @@ class ItemRecord:
         return cls(bytes(data[_RECORD.size + n:]).decode(), label or None, sha, size)
 
 
-class RWLock:
-    """Many readers or one writer; a waiting writer goes before new readers."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._writer = False
-        self._waiting = 0
-
-    def acquire_read(self) -> None:
-        with self._cond:
-            while self._writer or self._waiting:
-                self._cond.wait()
-            self._readers += 1
-
-    def release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
-
-    @contextmanager
-    def writing(self) -> Iterator[None]:
-        with self._cond:
-            self._waiting += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._waiting -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
-
-
 _OPEN: dict[str, tuple[Store, int]] = {}
-_OPEN_LOCK = threading.Lock()
+_OPEN_LOCK = threading.Lock()  # guards the table of open stores
 
 
 class Store:
@@ -131,7 +93,11 @@ class Store:
                                  map_size=INITIAL_MAP_SIZE, readahead=False)
         except lmdb.Error as exc:
             raise OSError(f"cannot open the gallery database {path}: {exc}") from exc
-        self.dbs = {name: self.env.open_db(name.encode(), create=writable) for name in DB_NAMES}
+        try:
+            self.dbs = {name: self.env.open_db(name.encode(), create=writable) for name in DB_NAMES}
+        except lmdb.NotFoundError:
+            self.env.close()
+            raise FileNotFoundError(f"{path.parent} is not a gallery yet (its databases are being created)") from None
         self.lock = RWLock()
 
     @classmethod
@@ -295,37 +261,3 @@ class Store:
         """Bytes of the LMDB file in use (pages up to the last one written)."""
         return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
 
-
-_LOCKS: dict[str, list] = {}
-
-
-@contextmanager
-def job_lock(db: Path) -> Iterator[None]:
-    """Hold the gallery's writer lock (DIR/write.lock): one job that changes a gallery at a time.
-    Re-entrant within a process; the system drops it when the process dies, even by SIGKILL."""
-    db = Path(db)
-    db.mkdir(parents=True, exist_ok=True)
-    key = str((db / LOCK_FILE).resolve())
-    with _OPEN_LOCK:
-        entry = _LOCKS.get(key)
-        if entry is None:
-            fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise ValueError(f"{db} is being changed by another job (pid {holder}); wait for it to finish") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-            entry = _LOCKS[key] = [fd, 0]
-        entry[1] += 1
-    try:
-        yield
-    finally:
-        with _OPEN_LOCK:
-            entry[1] -= 1
-            if entry[1] == 0:
-                fcntl.flock(entry[0], fcntl.LOCK_UN)
-                os.close(entry[0])
-                del _LOCKS[key]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import queue
 import threading
@@ -83,11 +84,12 @@ def read_bytes(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
 
 
 def decode(data: Any, settings: ReadSettings, preprocessing: Preprocessing, name: str) -> Image.Image:
-    """The image in `data` (bytes, array, PIL image) by the one loader, JPEGs decoded at a reduced
-    scale that still covers the model input and the thumbnail."""
-    size = preprocessing.size / (preprocessing.crop_ratio if preprocessing.resize == "shorter_center_crop" else 1)
+    """The image in `data` (bytes, array, PIL image) by the one loader, a JPEG decoded at a reduced
+    scale that still covers the model input (both sides) and the thumbnail (the longer side)."""
+    crop = preprocessing.resize == "shorter_center_crop"
+    side = math.ceil(preprocessing.size / (preprocessing.crop_ratio if crop else 1))
     return load_image(data, settings.mode, settings.max_pixels, settings.min_side, name=name,
-                      draft=max(int(size + 0.999), settings.thumbnail_size))
+                      draft=(side, max(side, settings.thumbnail_size)))
 
 
 def encode_thumbnail(image: Image.Image, size: int = THUMBNAIL_SIZE) -> bytes:

@@ -8,7 +8,8 @@ import numpy as np
 
 from .faiss_files import index_bytes, load_index
 from .faiss_index import describe, index_ids
-from .gallery import Gallery, file_sha256, net_changes
+from .gallery import Gallery, file_sha256
+from .state import net_changes
 from .layout import Store
 
 

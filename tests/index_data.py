@@ -62,11 +62,12 @@ def cli_popen(*args: str) -> subprocess.Popen:
 
 def job_state(db: Path) -> dict:
     """The gallery's job counters, state and version, read through a read-only LMDB handle."""
-    from metricsearch.index.layout import LMDB_DIR, Store
+    from metricsearch.index.layout import Store
 
-    if not (db / LMDB_DIR / "data.mdb").is_file():
+    try:
+        store = Store.open(db)
+    except FileNotFoundError:
         return {}
-    store = Store.open(db)
     try:
         with store.read() as txn:
             return {"job": store.meta(txn, "job") or {}, "state": store.meta(txn, "state"),
