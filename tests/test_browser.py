@@ -43,7 +43,7 @@ def test_upload_shows_captioned_results_a_click_searches_again_and_a_bad_file_is
     page.goto(server.url)
     page.locator("#query input[type=file]").set_input_files(str(query))
     results = page.locator("#results .caption-label")
-    results.nth(9).wait_for(timeout=60_000)  # the default k is 10
+    results.nth(9).wait_for(timeout=180_000)  # the default k is 10; a busy 2-core machine is slow
     captions = results.all_inner_texts()
     assert len(captions) == 10 and page.locator("#results img").count() == 10
     assert captions[0].startswith(f"{label} · ") and captions[0].endswith(f" · #{item_id}"), captions
@@ -64,7 +64,7 @@ def test_upload_shows_captioned_results_a_click_searches_again_and_a_bad_file_is
     page.locator("#results .thumbnail-item").nth(3).click()
     page.wait_for_function(
         "id => document.querySelector('#results .caption-label')?.innerText.endsWith('#' + id)", arg=clicked,
-        timeout=60_000)
+        timeout=180_000)
 
     # a file the query box cannot show leaves it empty: searching says so, in the page
     text = tmp_path / "notes.png"
@@ -72,4 +72,4 @@ def test_upload_shows_captioned_results_a_click_searches_again_and_a_bad_file_is
     page.goto(server.url)
     page.locator("#query input[type=file]").set_input_files(str(text))
     page.locator("#search").click()
-    page.get_by_text("No image to search").first.wait_for(timeout=60_000)
+    page.get_by_text("No image to search").first.wait_for(timeout=180_000)
