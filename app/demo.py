@@ -68,7 +68,6 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
              host: str = "127.0.0.1", port: int = 7860, log: Callable[[str], None] = print) -> DemoResult:
     """Train, export, index the test classes, evaluate, search once, then (with `serve`) serve the page."""
     from metricsearch.index import build_gallery, evaluate_gallery
-    from metricsearch.train import export_onnx, train
 
     workdir = Path(workdir)
     state = _State(workdir, dataset)
@@ -87,11 +86,15 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
         return True
 
     if not reuse(1, "train", state.done("train", run_dir), f"the run {run_dir} {again}"):
+        from metricsearch.train import train
+
         log(f"[1/5] train: {dataset} into {run_dir}")
         resume = (run_dir / "last.pt").is_file()  # a run cut short goes on where it stopped
         result = train(demo_config(dataset, workdir), resume=resume, overwrite=not resume, progress=True)
         state.finish("train", {"best_recall_at_1": result.best_recall_at_1, "epochs": result.epochs})
     if not reuse(2, "export", state.done("export", model), f"the model {model} {again}"):
+        from metricsearch.train import export_onnx
+
         log(f"[2/5] export: {model}")
         state.finish("export", {"max_abs_diff": export_onnx(run_dir, model).max_abs_diff})
     if not reuse(3, "index", state.done("index", db), f"the gallery {db} {again}"):
