@@ -2,8 +2,9 @@
 
 Each handler takes what a Gradio component sends (an upload, the image editor's value, a number,
 a label) and returns what the output components show. Queries are decoded by
-`metricsearch.data.load_image` (pixel limit, friendly reason); thumbnails come from the gallery's
-LMDB as bytes, never from a file path. Concurrent queries share one inference call.
+`metricsearch.data.load_image` (pixel limit, friendly reason). Thumbnails are the bytes in the
+gallery's LMDB, written once each into Gradio's own upload folder: no image's source path is ever
+served. Concurrent queries share one inference call.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,8 +129,18 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     server = Server(url, page, handlers)
     log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
     if block:
+        _stop_on_sigterm()
         try:
-            page.block_thread()
+            page.block_thread()  # until Ctrl-C (or SIGTERM)
         finally:
             server.close()
     return server
+
+
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM stop the server as Ctrl-C does (closing it and deleting its thumbnail files)."""
+    if threading.current_thread() is threading.main_thread():
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, interrupt)
