@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from metricsearch.train.losses import Mined, build
-from metricsearch.train.losses.dro import KLReduction, TopKPNReduction, TopKReduction
+from metricsearch.train.losses.dro import KLWeighting, TopKPNWeighting, TopKWeighting
 
 LABELS = {
     "balanced": [0, 1, 2, 0, 1, 2, 0, 1, 2],
@@ -257,16 +257,16 @@ def test_dro_topk_with_all_pairs_is_the_mean():
     torch.testing.assert_close(exact, values.mean())
 
 
-def test_dro_with_registered_base_and_reductions_on_any_pair_loss():
+def test_dro_with_registered_base_and_weightings_on_any_pair_loss():
     emb, labels = batch("singleton")
     contrastive = build("contrastive", margin=0.8)
     plain = contrastive(emb, labels)
     topk_all = build("dro_topk", k=10**6, base="contrastive", base_params={"margin": 0.8})
     torch.testing.assert_close(topk_all(emb, labels), plain)
-    torch.testing.assert_close(contrastive(emb, labels, reduction=TopKReduction(10**6)), plain)
-    pn = contrastive(emb, labels, reduction=TopKPNReduction(6))
-    assert torch.isfinite(pn) and pn >= contrastive(emb, labels, reduction=TopKReduction(1)) / 2
-    kl = contrastive(emb, labels, reduction=KLReduction(1e4))
+    torch.testing.assert_close(contrastive(emb, labels, weighting=TopKWeighting(10**6)), plain)
+    pn = contrastive(emb, labels, weighting=TopKPNWeighting(6))
+    assert torch.isfinite(pn) and pn >= contrastive(emb, labels, weighting=TopKWeighting(1)) / 2
+    kl = contrastive(emb, labels, weighting=KLWeighting(1e4))
     torch.testing.assert_close(kl, plain, rtol=1e-3, atol=1e-6)
     balanced = build("dro_kl", base="balanced_contrastive", class_counts=COUNTS)
     assert torch.isfinite(balanced(emb, labels))

@@ -8,9 +8,10 @@ import torch
 
 from metricsearch.train import losses
 from metricsearch.train.losses.base import PairLoss
-from metricsearch.train.sampling import build_miner, build_sampler, build_weighting, sampler_names
+from metricsearch.train.sampling import SAMPLERS, build_miner, build_sampler, build_weighting
 from metricsearch.train.sampling.compat import check_compatible
-from metricsearch.train.sampling.importance import q_group, q_p_random
+from metricsearch.train.sampling.group import q_group
+from metricsearch.train.sampling.p_random import q_p_random
 
 COUNTS = [2, 3, 5, 8]  # small unbalanced training set: 4 classes, 18 images
 LABELS = np.repeat(np.arange(len(COUNTS)), COUNTS)
@@ -112,7 +113,7 @@ def contrastive_loss() -> PairLoss:
 def full_data_loss(loss: PairLoss, emb: torch.Tensor, labels: torch.Tensor) -> float:
     """Eq. 10 scaled by 1/(N(N-1)): the mean per-pair loss over all ordered pairs i != j."""
     n = len(labels)
-    total = loss(emb, labels, reduction=lambda l, p, q, y: torch.where(p | q, l, 0.0).sum() / (n * (n - 1)))
+    total = loss(emb, labels, weighting=lambda l, p, q, y: torch.where(p | q, l, 0.0).sum() / (n * (n - 1)))
     return float(total)
 
 
@@ -138,7 +139,7 @@ def test_importance_weighted_loss_is_unbiased(name: str, params: dict, draws: in
     for _ in range(draws):
         batch = torch.as_tensor(sampler.draw(rng))
         mined = sampler.pairs(labels[batch])
-        weighted.append(float(loss(emb[batch], labels[batch], mined, reduction=weighting)))
+        weighted.append(float(loss(emb[batch], labels[batch], mined, weighting=weighting)))
         plain.append(float(loss(emb[batch], labels[batch], mined)))
     assert np.mean(weighted) == pytest.approx(target, rel=0.02)
     assert abs(np.mean(plain) / target - 1) > 0.1  # the skewed designs are biased without weights
@@ -150,8 +151,8 @@ def test_importance_delta_and_errors() -> None:
     w2 = build_weighting("importance", context={"sampler": sampler}, delta=0.5)
     w0 = build_weighting("importance", context={"sampler": sampler}, delta=0.0)
     y = torch.as_tensor(LABELS)
-    assert torch.allclose(w2.pair_weights(y), w1.pair_weights(y).sqrt())
-    assert torch.equal(w0.pair_weights(y), torch.ones(N, N))
+    assert torch.allclose(w2.importance_weights(y), w1.importance_weights(y).sqrt())
+    assert torch.equal(w0.importance_weights(y), torch.ones(N, N))
     hard = build_sampler("npair_hard_class", LABELS, classes_per_batch=2)
     with pytest.raises(ValueError, match="group.*p_random"):
         build_weighting("importance", context={"sampler": hard})
@@ -187,7 +188,7 @@ def test_samplers_deterministic_epochs_ranks(name: str, params: dict) -> None:
 
 
 def test_all_samplers_are_covered() -> None:
-    assert set(sampler_names()) >= {"group", "p_random", "npair_hard_class"}
+    assert set(SAMPLERS.names()) >= {"group", "p_random", "npair_hard_class"}
 
 
 def test_hard_class_mining_picks_the_closest_classes() -> None:
@@ -220,7 +221,7 @@ class _Triplet(PairLoss):
     """A stand-in loss that mines triplets and takes no weighting."""
 
     mines = "triplets"
-    accepts_reduction = False
+    accepts_weighting = False
 
 
 class _NoMining(PairLoss):
@@ -244,9 +245,9 @@ def test_check_compatible() -> None:
         check_compatible(triplet_loss, build_miner("ms"), None, group)
     with pytest.raises(ValueError, match="weighting"):
         check_compatible(triplet_loss, None, build_weighting("dro_kl"), group)
-    with pytest.raises(ValueError, match="p_random"):
+    with pytest.raises(ValueError, match="fixes the pairs"):
         check_compatible(triplet_loss, None, None, prand)
-    with pytest.raises(ValueError, match="p_random"):
+    with pytest.raises(ValueError, match="fixes the pairs"):
         check_compatible(_NoMining(), None, None, prand)
     with pytest.raises(ValueError, match="ignores mined"):
         check_compatible(_NoMining(), build_miner("ms"), None, group)
