@@ -9,6 +9,7 @@ import torch
 from metricsearch.train import losses
 from metricsearch.train.losses.base import PairLoss
 from metricsearch.train.sampling import SAMPLERS, build_miner, build_sampler, build_weighting
+from metricsearch.train.sampling.base import Design, LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
 from metricsearch.train.sampling.group import q_group
 from metricsearch.train.sampling.p_random import q_p_random
@@ -189,6 +190,39 @@ def test_samplers_deterministic_epochs_ranks(name: str, params: dict) -> None:
 
 def test_all_samplers_are_covered() -> None:
     assert set(SAMPLERS.names()) >= {"group", "p_random", "npair_hard_class"}
+
+
+class UniformSampler(LabelBatchSampler):
+    """6 distinct images uniformly at random: every ordered pair is equally likely, so W = 1."""
+
+    batch_size = 6
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.choice(len(self.labels), size=self.batch_size, replace=False)
+
+    def design(self, counts: np.ndarray) -> Design:
+        total = counts.sum()
+        return Design(np.full((len(counts), len(counts)), 1.0 / (total * (total - 1))), 6 * 5)
+
+
+def test_samplers_describe_their_pair_design() -> None:
+    counts = np.array(COUNTS)
+    group = build_sampler("group", LABELS, classes_per_batch=2, images_per_class=3)
+    np.testing.assert_array_equal(group.design(counts).q, q_group(counts, 3, 2))
+    assert group.design(counts).slots == 6 * 5 and not group.fixes_pairs
+    prand = build_sampler("p_random", LABELS, p=0.3, pairs_per_batch=4)
+    np.testing.assert_array_equal(prand.design(counts).q, q_p_random(counts, 0.3))
+    assert prand.design(counts).slots == 8 and prand.fixes_pairs
+    hard = build_sampler("npair_hard_class", LABELS, classes_per_batch=2)
+    assert hard.design(counts) is None and not hard.fixes_pairs
+    assert group.pairs(torch.as_tensor(LABELS)) is None and hard.pairs(torch.as_tensor(LABELS)) is None
+
+
+def test_importance_weights_follow_any_sampler_that_describes_its_design() -> None:
+    uniform = UniformSampler(LABELS)
+    weighting = build_weighting("importance", context={"sampler": uniform})
+    check_compatible(contrastive_loss(), None, weighting, uniform)
+    torch.testing.assert_close(weighting.importance_weights(torch.as_tensor(LABELS)), torch.ones(N, N))
 
 
 def test_hard_class_mining_picks_the_closest_classes() -> None:

@@ -38,7 +38,9 @@ def crop_flip(size: int, scale: tuple[float, float] = (0.35, 1.0)) -> Augment:
     """A random resized crop (area fraction in `scale`) back to `size`, then a random horizontal flip."""
     from torchvision import transforms
 
-    return transforms.Compose([transforms.RandomResizedCrop(size, scale=tuple(scale)), transforms.RandomHorizontalFlip()])
+    return transforms.Compose([
+        transforms.RandomResizedCrop(size, scale=tuple(scale)), transforms.RandomHorizontalFlip(),
+    ])
 
 
 def build_augment(section: dict[str, Any], size: int) -> Augment | None:

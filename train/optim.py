@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from metricsearch.models.embedder import Embedder
 from metricsearch.registry import Registry
 
 #: a learning-rate schedule: optimizer step -> factor of the base learning rates
@@ -17,23 +18,9 @@ ParamGroups = Iterable[dict[str, Any]]
 OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
 SCHEDULES: Registry[Schedule] = Registry("schedule")
 
-
-@OPTIMIZERS.register("adamw")
-def adamw(
-    params: ParamGroups, lr: float, weight_decay: float = 0.01, betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-) -> torch.optim.Optimizer:
-    """AdamW: Adam with decoupled weight decay."""
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
-
-
-@OPTIMIZERS.register("adam")
-def adam(
-    params: ParamGroups, lr: float, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-) -> torch.optim.Optimizer:
-    """Adam, with L2 weight decay added to the gradient."""
-    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+# torch's own classes, whose parameters (betas, eps, weight_decay, fused, ...) the config may set
+OPTIMIZERS.register("adamw")(torch.optim.AdamW)
+OPTIMIZERS.register("adam")(torch.optim.Adam)
 
 
 @OPTIMIZERS.register("sgd")
@@ -44,8 +31,8 @@ def sgd(
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
 
 
-def build_optimizer(section: dict[str, Any], model: nn.Module, loss: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer of an `optimizer` section: the backbone at `lr`, the head at `head_lr`, then the loss's parameters."""
+def build_optimizer(section: dict[str, Any], model: Embedder, loss: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of an `optimizer` section: backbone at `lr`, head at `head_lr`, then the loss's parameters."""
     params = dict(section)
     name = params.pop("name")
     lr = float(params.pop("lr"))

@@ -182,18 +182,20 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
 
 def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) -> Tensor:
     """One optimisation step on a batch; its loss, detached and left on the device."""
-    device, pin = setup.device, setup.device.type == "cuda"
-    images = images.to(device, non_blocking=pin)
-    if device.type == "cuda":
+    device = setup.device
+    cuda = device.type == "cuda"  # pinned batches: the copies need not wait
+    images = images.to(device, non_blocking=cuda)
+    if cuda:
         images = images.contiguous(memory_format=torch.channels_last)
-    labels = labels.to(device, non_blocking=pin)
+    labels = labels.to(device, non_blocking=cuda)
     with torch.autocast(device.type, dtype=setup.autocast or torch.float32, enabled=setup.autocast is not None):
         emb = setup.model(images)
     emb = emb.float()
     mined = setup.sampler.pairs(labels)
     if setup.miner is not None:
         mined = setup.miner(emb.detach(), labels, mined)
-    loss = setup.loss(emb, labels, mined=mined, weighting=setup.weighting, indices=indices.to(device, non_blocking=pin))
+    indices_on_device = indices.to(device, non_blocking=cuda)
+    loss = setup.loss(emb, labels, mined=mined, weighting=setup.weighting, indices=indices_on_device)
     setup.optimizer.zero_grad(set_to_none=True)
     setup.scaler.scale(loss).backward()
     setup.scaler.step(setup.optimizer)
@@ -207,8 +209,9 @@ def finite_mean(total: Tensor, steps: int, checked: int, epoch: int, run_dir: Pa
     """The mean loss of an epoch's first `steps` steps; a TrainingError if one since step `checked` was NaN or inf."""
     mean = total.item() / max(steps, 1)
     if not math.isfinite(mean):
+        where = f"step {steps}" if steps == checked + 1 else f"one of steps {checked + 1}-{steps}"
         raise TrainingError(
-            f"loss became {mean} at epoch {epoch + 1}, in steps {checked + 1}-{steps}; "
+            f"loss became {mean} at epoch {epoch + 1}, {where}; "
             f"{run_dir / 'last.pt'} still holds the last good state. Start again with a lower "
             "optimizer.lr (--overwrite), check the loss parameters, or try amp=off."
         )

@@ -1,8 +1,8 @@
 """The loss contract: every metric loss is a function of the B x B similarity matrix.
 
 Following the multi-similarity paper's General Pair Weighting (GPW) view, a pair-based loss is
-computed from `S = similarity(embeddings)`; `pair_weights` returns |dL/dS_ij| by autograd through
-the very same code path as `forward`.
+computed from `S = similarity(embeddings)` (or from the only block of S it reads, `block`);
+`pair_weights` returns |dL/dS_ij| by autograd through the very same code path as `forward`.
 """
 
 from __future__ import annotations
