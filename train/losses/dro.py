@@ -152,13 +152,14 @@ DRO_WEIGHTINGS: dict[str, type] = {"dro_topk": TopKWeighting, "dro_topk_pn": Top
 def dro_loss_factory(weighting: type) -> Callable[..., DROLoss]:
     """The factory of the DRO loss of `weighting`: the weighting's parameters, then DROLoss's."""
     own = [p for name, p in inspect.signature(DROLoss).parameters.items() if name != "weighting"]
-    split = {p.name for p in own}
+    own_names = {p.name for p in own}
 
     def factory(**params: Any) -> DROLoss:
-        base = {k: params.pop(k) for k in list(params) if k in split}
-        return DROLoss(weighting(**params), **base)
+        loss_params = {k: params.pop(k) for k in list(params) if k in own_names}
+        return DROLoss(weighting(**params), **loss_params)
 
-    factory.__signature__ = inspect.Signature([*inspect.signature(weighting).parameters.values(), *own])
+    signature = inspect.Signature([*inspect.signature(weighting).parameters.values(), *own])
+    factory.__signature__ = signature  # type: ignore[attr-defined]  # what the registry checks and lists
     factory.__doc__ = weighting.__doc__
     return factory
 
