@@ -24,9 +24,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"model.pretrained={args.pretrained}")
     result = train(load_config(args.config, overrides), resume=args.resume, overwrite=args.overwrite,
                    progress=not args.quiet, stop_after_epoch=args.stop_after_epoch)
-    summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
-               "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
-    print(json.dumps(summary, indent=None if args.quiet else 2))
+    if result.is_main:  # under torchrun, rank 0 speaks for the run
+        summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
+                   "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
+        print(json.dumps(summary, indent=None if args.quiet else 2))
     return 0
 
 

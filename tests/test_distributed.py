@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def test_gathered_loss_and_gradients_equal_the_single_process_ones(tmp_path: Pat
         torch.manual_seed(0)
         loss_fn, weighting = make_loss(), make_weighting()
         full = emb.clone().requires_grad_(True)
-        loss = loss_fn(full, labels, reduction=weighting)
+        loss = loss_fn(full, labels, weighting=weighting)
         loss.backward()
         for r in ranks:
             got = r[name]
@@ -58,3 +59,27 @@ def test_gathered_loss_and_gradients_equal_the_single_process_ones(tmp_path: Pat
                     torch.testing.assert_close(got["param_grads"][key], p.grad, rtol=1e-5, atol=1e-6)
         assert any(g.abs().sum() > 0 for g in (ranks[0][name]["grad"], ranks[1][name]["grad"])), name
     assert ranks[0]["margin_learned"]["param_grads"], "the learned beta got no gradient"
+
+
+def test_two_process_run_trains_evaluates_and_writes_one_run_dir(tmp_path: Path) -> None:
+    overrides = [f"output_dir={tmp_path}", "name=ddp", "epochs=2", "batches_per_epoch=3", "eval.nmi=false",
+                 "model.dim=16", "device=cpu", "loss={name: margin, beta_mode: learned}"]
+    first = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "metricsearch",
+         "train", "--quiet", "--stop-after-epoch", "1", "--set", *overrides],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert first.returncode == 0, first.stderr[-4000:]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "metricsearch",
+         "train", "--quiet", "--resume", "--set", *overrides],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["ddp"]
+    rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert all(r["world_size"] == 2 for r in rows)
+    assert 0.0 < rows[-1]["recall_at_k"]["1"] <= 1.0
+    summaries = [line for line in resumed.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1 and json.loads(summaries[0])["epochs"] == 2  # rank 0 alone reports
+    state = torch.load(tmp_path / "ddp" / "last.pt", weights_only=False)
+    assert state["epoch"] == 2 and float(state["loss"]["beta0"]) != 1.2  # the learned beta moved

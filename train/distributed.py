@@ -65,7 +65,7 @@ def init_distributed(device: torch.device, ctx: DistContext | None = None) -> tu
     return ctx, device
 
 
-def _sum_gradients(process_group: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future:
+def _sum_gradients(process_group, bucket):  # no annotations: DDP checks them, and they are strings here
     """DDP communication hook: all-reduce the gradients by sum (DDP's default divides by world size)."""
     work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
@@ -100,6 +100,12 @@ def gather_rows(x: Tensor, ctx: DistContext) -> Tensor:
 def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor, ctx: DistContext) -> tuple[Tensor, Tensor, Tensor]:
     """The global batch: embeddings (with this rank's gradients), labels and data set indices of every rank."""
     return gather_rows(embeddings, ctx), gather_rows(labels, ctx), gather_rows(indices, ctx)
+
+
+def barrier(ctx: DistContext) -> None:
+    """Wait until every rank gets here (a no-op when not distributed)."""
+    if ctx.active:
+        dist.barrier()
 
 
 def shutdown(ctx: DistContext) -> None:

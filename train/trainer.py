@@ -26,6 +26,9 @@ from metricsearch.train.augment import build_augment
 from metricsearch.train.config import component, validate_config
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
+from metricsearch.train.distributed import (
+    DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
+)
 from metricsearch.train.losses.base import MetricLoss, Mined, Weighting
 from metricsearch.train.optim import build_optimizer, build_schedule
 from metricsearch.train.plots import plot_training
@@ -48,6 +51,7 @@ class RunResult:
     epochs: int
     best_recall_at_1: float
     last_metrics: dict[str, Any]
+    is_main: bool = True  # False on the ranks other than 0 under torchrun, which write nothing
 
 
 @dataclass
@@ -59,6 +63,8 @@ class Setup:
     autocast: torch.dtype | None
     split: DataSplit
     model: Embedder
+    forward: torch.nn.Module  # the model, in DistributedDataParallel under torchrun
+    dist: DistContext
     loss: MetricLoss
     sampler: LabelBatchSampler
     miner: Callable[..., Mined] | None
@@ -91,34 +97,46 @@ def train(
     """Train an embedder as the config says, evaluating and checkpointing into OUTPUT_DIR/NAME/.
 
     `stop_after_epoch` pauses the run after that epoch (resume it later with `resume=True`).
+    Under `torchrun --nproc_per_node=N` the N processes train one model on the global batch;
+    only rank 0 evaluates and writes the run directory.
     """
     validate_config(config)
     setup = build_setup(config, progress)
-    run_dir = _prepare_run_dir(config, resume, overwrite)
-    state = restore(setup, run_dir) if resume else RunState()
-    _write_metrics(run_dir, state.history)
-    epochs = int(config["epochs"])
-    for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
-        row = train_epoch(setup, epoch, run_dir, progress)
-        if (epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs:
-            row.update(_evaluate(setup.model, setup.split, config))
-        save_epoch(setup, state, row, run_dir)
-        if progress:
-            _report(row, epoch, epochs)
-    return RunResult(run_dir, len(state.history), state.best_recall_at_1, state.history[-1] if state.history else {})
+    main = setup.dist.is_main
+    try:
+        run_dir = _prepare_run_dir(config, resume, overwrite, write=main)
+        state = restore(setup, run_dir) if resume else RunState()
+        if main:
+            _write_metrics(run_dir, state.history)
+        epochs = int(config["epochs"])
+        for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
+            row = train_epoch(setup, epoch, run_dir, progress and main)
+            if not main:
+                state.history.append(row)
+                continue
+            if (epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs:
+                row.update(_evaluate(setup.model, setup.split, config))
+            save_epoch(setup, state, row, run_dir)
+            if progress:
+                _report(row, epoch, epochs)
+        barrier(setup.dist)  # the other ranks wait for rank 0's last evaluation and checkpoint
+    finally:
+        shutdown(setup.dist)
+    return RunResult(run_dir, len(state.history), state.best_recall_at_1, state.history[-1] if state.history else {},
+                     main)
 
 
 def build_setup(config: dict[str, Any], progress: bool = False) -> Setup:
-    """Everything a config trains with, on its device, the model seeded by `seed`."""
-    device = resolve_device(config["device"])
+    """Everything a config trains with, on its device (this rank's under torchrun), the model seeded by `seed`."""
+    dist, device = init_distributed(resolve_device(config["device"]))
     autocast = amp_dtype(device, config["amp"])
     split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"])
-    if progress:
+    if progress and dist.is_main:
         for note in split.notes:
             print(f"data: {note}", flush=True)
     seed_everything(int(config["seed"]))
     model = build_embedder(config["model"], pretrained=config["model"].get("pretrained"))
-    loss, sampler, miner, weighting = build_components(config, split.train)
+    loss, sampler, miner, weighting = build_components(config, split.train, dist)
     model.to(device)
     loss.to(device)
     if device.type == "cuda":
@@ -128,20 +146,21 @@ def build_setup(config: dict[str, Any], progress: bool = False) -> Setup:
     scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
     augment = build_augment(config["augment"], model.preprocessing.size)
     dataset = ImageDataset(split.train, model.preprocessing, augment, cache=bool(config["cache_images"]))
-    return Setup(config, device, autocast, split, model, loss, sampler, miner, weighting, optimizer, scheduler,
-                 scaler, dataset)
+    return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
+                 weighting, optimizer, scheduler, scaler, dataset)
 
 
 def build_components(
-    config: dict[str, Any], images: ImageSet,
+    config: dict[str, Any], images: ImageSet, dist: DistContext = DistContext(),
 ) -> tuple[MetricLoss, LabelBatchSampler, Callable[..., Mined] | None, Weighting | None]:
-    """The loss, batch sampler, miner and weighting a config names for training on `images`, checked to fit."""
+    """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit."""
     stats = {"class_counts": images.class_counts(), "num_classes": len(images.class_names), "num_images": len(images)}
     loss_name, loss_params = component(config, "loss")
     loss = losses.build(loss_name, **stats, **loss_params)
     sampler_name, sampler_params = component(config, "sampler")
     sampler = sampling.build_sampler(sampler_name, np.asarray(images.labels), seed=int(config["seed"]),
-                                     batches_per_epoch=config["batches_per_epoch"], **sampler_params)
+                                     batches_per_epoch=config["batches_per_epoch"], rank=dist.rank,
+                                     world_size=dist.world_size, **sampler_params)
     miner_name, miner_params = component(config, "miner")
     miner = sampling.build_miner(miner_name, **miner_params) if miner_name else None
     weighting_name, weighting_params = component(config, "weighting")
@@ -171,17 +190,18 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
     for images, labels, indices in bar:
         total += train_step(setup, images, labels, indices)
-        seen, steps = seen + len(images), steps + 1
+        seen, steps = seen + len(images) * setup.dist.world_size, steps + 1
         if steps % int(config["log_every"]) == 0:
             mean, checked = finite_mean(total, steps, checked, epoch, run_dir), steps
             bar.set_postfix(loss=f"{mean:.4f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}")
     bar.close()
     mean = finite_mean(total, steps, checked, epoch, run_dir)
-    return {"epoch": epoch + 1, "loss": mean, "images_per_s": seen / (time.perf_counter() - t0)}
+    return {"epoch": epoch + 1, "loss": mean, "images_per_s": seen / (time.perf_counter() - t0),
+            "world_size": setup.dist.world_size}
 
 
 def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) -> Tensor:
-    """One optimisation step on a batch; its loss, detached and left on the device."""
+    """One optimisation step on a batch (the global batch under torchrun); its loss, detached, on the device."""
     device = setup.device
     cuda = device.type == "cuda"  # pinned batches: the copies need not wait
     images = images.to(device, non_blocking=cuda)
@@ -189,13 +209,12 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
         images = images.contiguous(memory_format=torch.channels_last)
     labels = labels.to(device, non_blocking=cuda)
     with torch.autocast(device.type, dtype=setup.autocast or torch.float32, enabled=setup.autocast is not None):
-        emb = setup.model(images)
-    emb = emb.float()
+        emb = setup.forward(images)
+    emb, labels, indices = gather_batch(emb.float(), labels, indices.to(device, non_blocking=cuda), setup.dist)
     mined = setup.sampler.pairs(labels)
     if setup.miner is not None:
         mined = setup.miner(emb.detach(), labels, mined)
-    indices_on_device = indices.to(device, non_blocking=cuda)
-    loss = setup.loss(emb, labels, mined=mined, weighting=setup.weighting, indices=indices_on_device)
+    loss = setup.loss(emb, labels, mined=mined, weighting=setup.weighting, indices=indices)
     setup.optimizer.zero_grad(set_to_none=True)
     setup.scaler.scale(loss).backward()
     setup.scaler.step(setup.optimizer)
@@ -267,7 +286,7 @@ def _save(obj: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool) -> Path:
+def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool, write: bool = True) -> Path:
     run_dir = Path(config["output_dir"]) / str(config["name"])
     last = run_dir / "last.pt"
     if resume:
@@ -286,8 +305,9 @@ def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool) -> P
             f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
             "or --set name=OTHER for a new run"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return run_dir
 
 

@@ -35,7 +35,7 @@ def main(out: Path) -> None:
         loss_fn, weighting = make_loss(), make_weighting()
         local = emb[own].clone().requires_grad_(True)
         g_emb, g_labels, g_idx = gather_batch(local, labels[own], indices[own], ctx)
-        loss = loss_fn(g_emb, g_labels, reduction=weighting)
+        loss = loss_fn(g_emb, g_labels, weighting=weighting)
         loss.backward()
         result[name] = {"loss": loss.detach(), "grad": local.grad, "own": (own.start, own.stop),
                         "labels": g_labels, "indices": g_idx,
