@@ -7,7 +7,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from metricsearch.models.embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.config import component
-from metricsearch.data import DataSplit, ImageSet, load_split
+from metricsearch.data import DataSplit, ImageSet, load_split, with_transformed_classes
 from metricsearch.evaluation import evaluate_split
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
@@ -150,7 +150,10 @@ def train(
 
     device = resolve_device(config["device"])
     autocast = amp_dtype(device, config["amp"])
-    split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"])
+    split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"],
+                       split=config.get("split", "test"))
+    split = replace(split, train=with_transformed_classes(split.train, config.get("augment_classes")))
+    held_out = len(split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
     if progress:
         for note in split.notes:
             print(f"data: {note}", flush=True)
@@ -240,7 +243,7 @@ def train(
         row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss_sum / max(n_steps, 1),
                                "images_per_s": seen / (time.perf_counter() - t0)}
         is_last = epoch + 1 == epochs
-        if (epoch + 1) % int(config["eval"]["every"]) == 0 or is_last:
+        if held_out and ((epoch + 1) % int(config["eval"]["every"]) == 0 or is_last):
             row.update(_evaluate(model, split, config))
         history.append(row)
         last_metrics = row
@@ -253,7 +256,7 @@ def train(
         _write_metrics(run_dir, history)  # rewritten from the checkpoint's history on --resume
         plot_training(history, run_dir / "training.png", title=f"{config['name']}: {loss_name} on {config['dataset']}")
         r1 = row.get("recall_at_k", {}).get(1)
-        if r1 is not None and r1 > best_r1:
+        if not held_out or r1 is not None and r1 > best_r1:
             best_r1 = r1
             state["best_recall_at_1"] = best_r1
             _save(state, run_dir / "best.pt")
