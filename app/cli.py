@@ -48,7 +48,12 @@ def _print_metrics(result: dict) -> None:
         print(f"NMI          {result['nmi']:.4f}")
     print(f"MAP@R        {result['map_at_r']:.4f}\nqueries      {result['n_queries']}")
     for key in (k for k in result if k.startswith("one_shot")):
-        print(f"{key:<12} {result[key]:.4f}")
+        value = result[key]
+        if isinstance(value, dict):  # a protocol's error and its 95% confidence interval
+            low, high = value["ci95"]
+            print(f"{key:<12} error {value['error']:.4f} (95% CI {low:.4f}-{high:.4f}, {value['episodes']} episodes)")
+        else:
+            print(f"{key:<12} {value:.4f}")
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -59,7 +64,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     result = evaluate_model(
         embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
         recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
-        batch_size=args.batch_size, progress=not args.json,
+        one_shot_protocol=args.one_shot_protocol, batch_size=args.batch_size, progress=not args.json,
     )
     if args.json:
         print(json.dumps(result))
@@ -166,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means is slow on very many classes)")
     p.add_argument("--one-shot-ways", type=int, help="also report N-way one-shot accuracy over 1000 random "
                    "episodes of the test classes (Omniglot protocol: 20)")
+    p.add_argument("--one-shot-protocol", choices=["within_alphabet", "across_alphabets"],
+                   help="with --one-shot-ways: report the one-shot error and its 95%% confidence interval over "
+                   "1000 episodes of this protocol; within_alphabet = the official Omniglot protocol (one "
+                   "alphabet per episode, support and query by different drawers)")
     p.add_argument("--batch-size", type=int, default=256, help="images per inference batch")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="onnxruntime device")
     p.add_argument("--pixels-size", type=int, default=28, help="side of the resized image for --model pixels")

@@ -111,6 +111,9 @@ def build_config(args: argparse.Namespace, data: Path, design: str, use_is: bool
         f"eval.every={epochs}",  # evaluate once, after the last epoch
         f"seed={seed}",
         "num_workers=0",
+        "split=test",  # configs/omniglot.yaml is a final fit: measure on the held-out alphabets
+        "augment_classes=[]",  # and without its rotated classes and test-time views, as this study was run
+        "model.tta_shifts=[]",
     ]
     config = load_config(args.config, overrides)
     config["dataset"] = f"omniglot:{data}"

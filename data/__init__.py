@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 from . import cars196, cub200, digits, folder, inshop, omniglot, sop
-from .base import DataSplit, ImageSet
+from .base import SPLIT_MODES, DataSplit, ImageSet, relabeled, resplit, with_transformed_classes
 from .download import fetch
 from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "DataSplit", "ImageSet", "UnreadableImageError", "adapters", "load_image",
-           "load_image_set", "load_query_gallery", "load_split"]
+__all__ = ["DEFAULT_MAX_PIXELS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
+           "load_image", "load_image_set", "load_query_gallery", "load_split", "resplit", "with_transformed_classes"]
 
 
 _DESCRIPTIONS: dict[str, str] = {
@@ -59,8 +56,15 @@ def _parse(spec: str) -> tuple[str, Path | None]:
     return name, Path(raw.strip()).expanduser()
 
 
-def load_split(spec: str, *, download: bool = False, split_classes: float | None = None) -> DataSplit:
-    """The class-disjoint train/test split named by `spec`; `download` fetches a missing public data set."""
+def load_split(spec: str, *, download: bool = False, split_classes: float | None = None,
+               split: str = "test") -> DataSplit:
+    """The class-disjoint train/test split named by `spec`; `download` fetches a missing public data set;
+    `split` = test (as the data set defines it), swap (train and test exchanged) or all (final fit: every
+    class trains, the test part is empty), see `resplit`."""
+    return resplit(_load_split(spec, download, split_classes), split or "test")
+
+
+def _load_split(spec: str, download: bool, split_classes: float | None) -> DataSplit:
     name, root = _parse(spec)
     if name == "folder":
         if download:
@@ -91,13 +95,7 @@ def load_query_gallery(query_spec: str, gallery_spec: str) -> tuple[ImageSet, Im
     """Query and gallery sets whose labels agree by class name (one label numbering for both)."""
     q, g = load_image_set(query_spec), load_image_set(gallery_spec)
     names = sorted(set(q.class_names) | set(g.class_names))
-    index = {n: i for i, n in enumerate(names)}
-
-    def relabel(s: ImageSet) -> ImageSet:
-        labels = np.array([index[s.class_names[label]] for label in s.labels], dtype=np.int64)
-        return replace(s, labels=labels, class_names=names)
-
-    return relabel(q), relabel(g)
+    return relabeled(q, names), relabeled(g, names)
 
 
 def adapters() -> list[tuple[str, str]]:

@@ -26,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "device": "auto",
     "dataset": "digits",
     "split_classes": None,
+    "split": "test",  # test | swap (train and test exchanged) | all (final fit: every class trains, no test)
+    "augment_classes": [],  # e.g. [rot90, rot180, rot270]: transformed copies of the training classes as new classes
     "download": False,
     "model": {
         "backbone": "small_cnn",
@@ -33,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
         "normalize": True,
         "pretrained": None,
         "backbone_params": {},
+        "tta_shifts": [],
         "preprocessing": {"size": 28, "channels": 1, "mean": [0.5], "std": [0.5], "resize": "stretch"},
     },
     "augment": {"name": "affine", "degrees": 10, "translate": [0.1, 0.1], "scale": [0.9, 1.1], "fill": 0},

@@ -7,7 +7,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +17,7 @@ import yaml
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from metricsearch.data import DataSplit, ImageSet, load_split
+from metricsearch.data import DataSplit, ImageSet, load_split, with_transformed_classes
 from metricsearch.errors import MetricsearchError
 from metricsearch.evaluation import evaluate_split
 from metricsearch.models.embedder import Embedder, build_embedder
@@ -114,7 +114,8 @@ def train(
             if not main:
                 state.history.append(row)
                 continue
-            if (epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs:
+            held_out = len(setup.split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
+            if held_out and ((epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs):
                 row.update(_evaluate(setup.model, setup.split, config))
             save_epoch(setup, state, row, run_dir)
             if progress:
@@ -130,7 +131,9 @@ def build_setup(config: dict[str, Any], progress: bool = False) -> Setup:
     """Everything a config trains with, on its device (this rank's under torchrun), the model seeded by `seed`."""
     dist, device = init_distributed(resolve_device(config["device"]))
     autocast = amp_dtype(device, config["amp"])
-    split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"])
+    split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"],
+                       split=config["split"])
+    split = replace(split, train=with_transformed_classes(split.train, config["augment_classes"]))
     if progress and dist.is_main:
         for note in split.notes:
             print(f"data: {note}", flush=True)
@@ -245,8 +248,9 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
     plot_training(state.history, run_dir / "training.png",
                   title=f"{config['name']}: {config['loss']['name']} on {config['dataset']}")
     r1 = row.get("recall_at_k", {}).get(1)
-    improved = r1 is not None and r1 > state.best_recall_at_1
-    if improved:
+    final_fit = len(setup.split.test) == 0  # nothing held out: the last epoch is the best
+    improved = final_fit or r1 is not None and r1 > state.best_recall_at_1
+    if improved and r1 is not None:
         state.best_recall_at_1 = r1
     checkpoint = {
         **setup.model.checkpoint(), "loss": setup.loss.state_dict(), "optimizer": setup.optimizer.state_dict(),
