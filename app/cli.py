@@ -112,6 +112,16 @@ def _cmd_samplers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_optimizers(args: argparse.Namespace) -> int:
+    from metricsearch.train.augment import AUGMENTATIONS
+    from metricsearch.train.optim import OPTIMIZERS, SCHEDULES
+
+    _print_registry("optimizers (optimizer.name=...)", OPTIMIZERS, ("params", "model", "loss"))
+    _print_registry("schedules (schedule.name=...)", SCHEDULES, ("optimizer", "steps_per_epoch", "epochs"))
+    _print_registry("augmentations (augment.name=...)", AUGMENTATIONS, ("size",))
+    return 0
+
+
 def _cmd_inspect_loss(args: argparse.Namespace) -> int:
     from metricsearch.train import inspect_loss
 
@@ -185,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("datasets", _cmd_datasets, "List the data set adapters and their spec strings.")
     add("losses", _cmd_losses, "List every loss with its parameters and defaults.")
     add("samplers", _cmd_samplers, "List the batch samplers, miners and pair weightings with their parameters.")
+    add("optimizers", _cmd_optimizers, "List the optimizers, learning-rate schedules and augmentations with their parameters.")
 
     p = add("inspect-loss", _cmd_inspect_loss, "Plot each loss's pair weights |dL/dS_ij| against similarity "
             "for one batch (General Pair Weighting): positives and negatives in two colours.")
