@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Callable, Sequence
 
+from metricsearch.app.index_commands import add_index_commands
 from metricsearch.errors import MetricsearchError
 
 
@@ -47,7 +48,7 @@ def _print_metrics(result: dict) -> None:
     if result["nmi"] is not None:
         print(f"NMI          {result['nmi']:.4f}")
     print(f"MAP@R        {result['map_at_r']:.4f}\nqueries      {result['n_queries']}")
-    for key in (k for k in result if k.startswith("one_shot")):
+    for key in (k for k in result if k.startswith(("one_shot", "recall_at_10_vs"))):
         value = result[key]
         if isinstance(value, dict):  # a protocol's error and its 95% confidence interval
             low, high = value["ci95"]
@@ -57,15 +58,23 @@ def _print_metrics(result: dict) -> None:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from metricsearch.evaluation import evaluate_model
-    from metricsearch.models import open_embedder
+    if (args.model is None) == (args.db is None):
+        raise ValueError("pass --model (with --dataset, or --query and --gallery) or --db (a gallery), one of the two")
+    if args.db is not None:
+        from metricsearch.index import evaluate_gallery
 
-    embedder = open_embedder(args.model, args.device, args.pixels_size, args.pixels_channels)
-    result = evaluate_model(
-        embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
-        recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
-        one_shot_protocol=args.one_shot_protocol, batch_size=args.batch_size, progress=not args.json,
-    )
+        result = evaluate_gallery(args.db, recall_k=args.recall_k, with_nmi=not args.no_nmi, device=args.device)
+    else:
+        from metricsearch.evaluation import evaluate_model
+        from metricsearch.models import open_embedder
+
+        embedder = open_embedder(args.model, args.device, args.pixels_size, args.pixels_channels)
+        result = evaluate_model(
+            embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
+            recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
+            one_shot_protocol=args.one_shot_protocol,
+            batch_size=args.batch_size, progress=not args.json,
+        )
     if args.json:
         print(json.dumps(result))
     else:
@@ -171,8 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |torch - onnxruntime|")
 
     p = add("evaluate", _cmd_evaluate, "Recall@K, NMI and MAP@R of an ONNX model (or raw pixels) on a data "
-            "set's test classes, or of queries against a gallery.")
-    p.add_argument("--model", required=True, help="exported .onnx file, or `pixels` for the raw-pixel baseline")
+            "set's test classes, or of queries against a gallery, or of a built gallery through its index.")
+    p.add_argument("--model", help="exported .onnx file, or `pixels` for the raw-pixel baseline")
+    p.add_argument("--db", help="a gallery folder (metricsearch index build): each labelled item queries the rest "
+                   "through the gallery's own index; approximate indexes also report recall@10 against exact")
     p.add_argument("--dataset", help="data set spec (see `metricsearch datasets`)")
     p.add_argument("--split-classes", type=float, help="for folder: specs without train/test sub-folders")
     p.add_argument("--query", help="folder: spec of query images (with --gallery; queries search the gallery only)")
@@ -192,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: recall_at_k, nmi, map_at_r, n_queries")
 
+    add_index_commands(sub, add)
     add("datasets", _cmd_datasets, "List the data set adapters and their spec strings.")
     add("losses", _cmd_losses, "List every loss with its parameters and defaults.")
     add("samplers", _cmd_samplers, "List the batch samplers, miners and pair weightings with their parameters.")
@@ -213,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `metricsearch` console script; user errors exit 2 with one line, never a traceback."""
     args = build_parser().parse_args(argv)
-    prefix = f"metricsearch {args.command}"
+    prefix = " ".join(["metricsearch", args.command] + ([args.index_command] if args.command == "index" else []))
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:
@@ -228,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prefix}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        hint = "; the last finished epoch is in last.pt: run the same command with --resume" if args.command == "train" else ""
+        hint = {"train": "; the last finished epoch is in last.pt: run the same command with --resume",
+                "index": "; committed batches are kept: run `index build` again with --resume, or `index add` "
+                         "again (images it holds are skipped)"}.get(args.command, "")
         print(f"{prefix}: interrupted{hint}", file=sys.stderr)
         return 130

@@ -7,13 +7,14 @@ import difflib
 from collections.abc import Callable
 from pathlib import Path
 
-from . import cars196, cub200, digits, folder, inshop, omniglot, sop
-from .base import SPLIT_MODES, DataSplit, ImageSet, relabeled, resplit, with_transformed_classes
+from . import cars196, csvlist, cub200, digits, files, folder, inshop, omniglot, sop
+from .base import SPLIT_MODES, DataSplit, ImageSet, concat_sets, relabel, resplit, with_transformed_classes
 from .download import fetch
 from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
-           "load_image", "load_image_set", "load_query_gallery", "load_split", "resplit", "with_transformed_classes"]
+__all__ = ["DEFAULT_MAX_PIXELS", "SPLITS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
+           "concat_sets", "load_image", "load_image_set", "load_query_gallery", "load_split", "resplit",
+           "with_transformed_classes"]
 
 
 _DESCRIPTIONS: dict[str, str] = {
@@ -24,7 +25,12 @@ _DESCRIPTIONS: dict[str, str] = {
     "cars196": "Stanford Cars196 (cars_annos.mat): classes 1-98 train, 99-196 test",
     "sop": "Stanford Online Products: Ebay_train.txt / Ebay_test.txt",
     "inshop": "In-Shop Clothes: list_eval_partition.txt train / query / gallery",
+    "files": "every image under PATH, recursively, without labels (for indexing a catalogue)",
+    "csv": "a CSV FILE with columns path and optional label; relative paths from the CSV's folder",
 }
+#: specs that list images without a class split: for indexing, not for training
+_UNSPLIT = ("files", "csv")
+SPLITS = ("train", "test")
 _PUBLIC: dict[str, Callable[[Path], DataSplit]] = {
     "omniglot": omniglot.load,
     "cub200": cub200.load,
@@ -36,7 +42,7 @@ _PUBLIC: dict[str, Callable[[Path], DataSplit]] = {
 
 def _usage(name: str) -> str:
     """The spec form of adapter `name`, e.g. `folder:PATH`."""
-    return name if name == "digits" else f"{name}:PATH"
+    return name if name == "digits" else f"{name}:FILE" if name == "csv" else f"{name}:PATH"
 
 
 def _parse(spec: str) -> tuple[str, Path | None]:
@@ -52,7 +58,7 @@ def _parse(spec: str) -> tuple[str, Path | None]:
             raise ValueError(f"{name} takes no path: write {name!r}, not {spec!r}")
         return name, None
     if not raw.strip():
-        raise ValueError(f"{name} needs a path: write {name}:PATH (got {spec!r})")
+        raise ValueError(f"{name} needs a path: write {_usage(name)} (got {spec!r})")
     return name, Path(raw.strip()).expanduser()
 
 
@@ -66,6 +72,9 @@ def load_split(spec: str, *, download: bool = False, split_classes: float | None
 
 def _load_split(spec: str, download: bool, split_classes: float | None) -> DataSplit:
     name, root = _parse(spec)
+    if name in _UNSPLIT:
+        raise ValueError(f"{_usage(name)} lists images without a class split: use it to index a gallery "
+                         "(metricsearch index build --images SPEC), or give a folder:PATH of class sub-folders")
     if name == "folder":
         if download:
             raise ValueError("folder: data sets cannot be downloaded; drop --download")
@@ -83,19 +92,34 @@ def _load_split(spec: str, download: bool, split_classes: float | None) -> DataS
     return _PUBLIC[name](root)
 
 
-def load_image_set(spec: str) -> ImageSet:
-    """All images of a `folder:PATH` spec (one sub-folder per class) as one set, without a split."""
+def load_image_set(spec: str, split: str | None = None, *, check: bool = True) -> ImageSet:
+    """All images of any spec as one set (both parts of a split), or one part with `split` (train|test).
+
+    `folder:PATH` takes PATH/train + PATH/test when both exist, else PATH's class sub-folders;
+    `files:PATH` and `csv:FILE` have no labels or only the CSV's. `check=False` keeps folder
+    images whose header PIL cannot read (the indexer reports them instead of skipping them here).
+    """
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
     name, root = _parse(spec)
-    if name != "folder":
-        raise ValueError(f"expected folder:PATH (one sub-folder per class), got {spec!r}")
-    return folder.load_set(root)
+    if name in _UNSPLIT or (name == "folder" and not all((root / s).is_dir() for s in SPLITS)):
+        if split is not None:
+            raise ValueError(f"{spec} has no train/test split: drop --split")
+        loader = {"files": files.load_set, "csv": csvlist.load_set}.get(name)
+        return loader(root) if loader else folder.load_set(root, check)
+    if name == "folder":
+        parts = {s: folder.load_set(root / s, check) for s in SPLITS}
+    else:
+        loaded = load_split(spec)
+        parts = {"train": loaded.train, "test": loaded.test}
+    return parts[split] if split else concat_sets(parts["train"], parts["test"])
 
 
 def load_query_gallery(query_spec: str, gallery_spec: str) -> tuple[ImageSet, ImageSet]:
     """Query and gallery sets whose labels agree by class name (one label numbering for both)."""
     q, g = load_image_set(query_spec), load_image_set(gallery_spec)
     names = sorted(set(q.class_names) | set(g.class_names))
-    return relabeled(q, names), relabeled(g, names)
+    return relabel(q, names), relabel(g, names)
 
 
 def adapters() -> list[tuple[str, str]]:

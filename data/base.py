@@ -18,7 +18,8 @@ RECALL_K_INSHOP: tuple[int, ...] = (1, 10, 20, 30, 40, 50)
 
 @dataclass
 class ImageSet:
-    """Images (file paths or in-memory uint8 arrays) with contiguous integer labels."""
+    """Images (file paths or in-memory uint8 arrays) with contiguous integer labels; -1 marks an image
+    without a label (`files:` specs, CSV rows with an empty label)."""
 
     items: list
     labels: np.ndarray
@@ -47,6 +48,26 @@ class ImageSet:
         return replace(self, items=[self.items[i] for i in idx], labels=self.labels[idx], **meta)
 
 
+def relabel(s: ImageSet, names: Sequence[str]) -> ImageSet:
+    """`s` with its labels renumbered as indices into `names` (which holds all of its class names)."""
+    index = {n: i for i, n in enumerate(names)}
+    labels = np.array([index[s.class_names[label]] if label >= 0 else -1 for label in s.labels], dtype=np.int64)
+    return replace(s, labels=labels, class_names=list(names))
+
+
+def concat_sets(*sets: ImageSet) -> ImageSet:
+    """One ImageSet of all images of `sets`, in order, labels agreeing by class name."""
+    names = sorted(set().union(*(s.class_names for s in sets)))
+    parts = [relabel(s, names) for s in sets]
+    modes = {s.mode for s in sets}
+    return ImageSet(
+        items=[item for s in parts for item in s.items],
+        labels=np.concatenate([s.labels for s in parts]) if parts else np.zeros(0, np.int64),
+        class_names=names,
+        mode=modes.pop() if len(modes) == 1 else None,
+    )
+
+
 @dataclass
 class DataSplit:
     """A class-disjoint train/test split as the papers use it."""
@@ -68,10 +89,11 @@ def image_set(
     groups: Sequence[str] | None = None,
     sources: Sequence[str] | None = None,
 ) -> ImageSet:
-    """An ImageSet whose labels number the sorted distinct class keys 0..C-1 (with optional per-image
-    groups and sources, see ImageSet)."""
-    classes = sorted(set(keys))
+    """An ImageSet whose labels number the sorted distinct class keys 0..C-1 (a None key: label -1), with
+    optional per-image groups and sources (see ImageSet)."""
+    classes = sorted({k for k in keys if k is not None})
     label_of = {k: i for i, k in enumerate(classes)}
+    label_of[None] = -1
     return ImageSet(
         items=list(items),
         labels=np.array([label_of[k] for k in keys], dtype=np.int64),
@@ -140,18 +162,11 @@ SPLIT_MODES = ("test", "swap", "all")
 def merged(a: ImageSet, b: ImageSet) -> ImageSet:
     """One ImageSet of the images of `a` then `b`; classes of the same name become one class."""
     names = sorted(set(a.class_names) | set(b.class_names))
-    a, b = relabeled(a, names), relabeled(b, names)
+    a, b = relabel(a, names), relabel(b, names)
     meta = {k: np.concatenate([getattr(a, k), getattr(b, k)]) for k in ("groups", "sources")
             if getattr(a, k) is not None and getattr(b, k) is not None}
     return ImageSet(items=a.items + b.items, labels=np.concatenate([a.labels, b.labels]), class_names=names,
                     mode=a.mode if a.mode == b.mode else None, **meta)
-
-
-def relabeled(images: ImageSet, names: list[str]) -> ImageSet:
-    """The set with its labels renumbered as indices into `names` (which must hold all its class names)."""
-    index = {n: i for i, n in enumerate(names)}
-    labels = np.array([index[images.class_names[label]] for label in images.labels], dtype=np.int64)
-    return replace(images, labels=labels, class_names=list(names))
 
 
 def resplit(split: DataSplit, mode: str = "test") -> DataSplit:

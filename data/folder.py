@@ -8,11 +8,11 @@ from .base import RECALL_K_SMALL, DataSplit, ImageSet, image_set, make_split, sp
 from .scan import scan_class_folders
 
 
-def load_set(root: Path) -> ImageSet:
-    """All images under `root` (one sub-folder per class) as one set."""
+def load_set(root: Path, check: bool = True) -> ImageSet:
+    """All images under `root` (one sub-folder per class) as one set; `check` drops unreadable headers."""
     if not root.is_dir():
         raise FileNotFoundError(f"folder {root} does not exist")
-    return image_set(*scan_class_folders(root))
+    return image_set(*scan_class_folders(root, check))
 
 
 def load(root: Path, split_classes: float | None) -> DataSplit:

@@ -48,12 +48,25 @@ def to_mode(image: Image.Image, mode: str | None) -> Image.Image:
     return image if image.mode == target else image.convert(target)
 
 
+def _draft(image: Image.Image, shorter: int, longer: int) -> None:
+    """Ask the JPEG decoder for the largest reduction that keeps both sides above the minimums."""
+    w, h = image.size
+    for scale in (8, 4, 2):
+        if min(w, h) // scale >= shorter and max(w, h) // scale >= longer:
+            image.draft(image.mode, (w // scale, h // scale))
+            return
+
+
 def load_image(
     source: ImageSource, mode: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    min_side: int = 1,
+    min_side: int = 1, *, draft: tuple[int, int] | None = None, name: str | None = None,
 ) -> Image.Image:
-    """A fully decoded image (first frame, EXIF orientation applied) or UnreadableImageError saying why."""
-    name = source if isinstance(source, (str, Path)) else "image"
+    """A fully decoded image (first frame, EXIF orientation applied) or UnreadableImageError saying why.
+
+    `draft` = (shorter, longer) lets a JPEG decode at the smallest scale (1/2, 1/4, 1/8) whose
+    shorter and longer sides are still at least that many pixels: faster, and a large photo
+    never decodes at full size. `name` names the image in error messages (default: the path)."""
+    name = name or (source if isinstance(source, (str, Path)) else "image")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -66,6 +79,8 @@ def load_image(
                 )
             if getattr(image, "is_animated", False):
                 image.seek(0)
+            if draft and image.format == "JPEG":
+                _draft(image, *draft)
             image.load()
             image = ImageOps.exif_transpose(image)
             image = to_mode(image, mode)
@@ -73,6 +88,8 @@ def load_image(
         raise
     except FileNotFoundError as exc:
         raise UnreadableImageError(f"{name}: no such file") from exc
+    except Image.UnidentifiedImageError as exc:
+        raise UnreadableImageError(f"{name}: not an image (no known image format)") from exc
     except UNREADABLE_ERRORS as exc:
         reason = str(exc) or type(exc).__name__
         raise UnreadableImageError(f"{name}: not a readable image ({reason})") from exc

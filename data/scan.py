@@ -52,13 +52,16 @@ def class_folders(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def scan_class_folders(root: Path) -> tuple[list[Path], list[str]]:
-    """Readable images and their class keys (folder names) under one-folder-per-class `root`."""
+def scan_class_folders(root: Path, check: bool = True) -> tuple[list[Path], list[str]]:
+    """Images (with `check`, those PIL can read the header of) and their class keys (folder names)
+    under one-folder-per-class `root`."""
     folders = class_folders(root)
     if not folders:
         raise ValueError(f"no class sub-folders in {root}: expected one sub-folder of images per class")
     found = [(p, f) for f in folders for p in list_images(f)]
-    paths, owners = keep_readable([p for p, _ in found], [f for _, f in found], root)
+    paths, owners = [p for p, _ in found], [f for _, f in found]
+    if check:
+        paths, owners = keep_readable(paths, owners, root)
     empty = sorted(set(folders) - set(owners))
     if empty:
         raise ValueError(

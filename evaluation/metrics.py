@@ -57,32 +57,45 @@ def retrieval_metrics(
     classes, counts = np.unique(gl, return_counts=True)
     pos = np.clip(np.searchsorted(classes, ql), 0, len(classes) - 1)
     r = np.where(classes[pos] == ql, counts[pos], 0) - int(same_set)
-    valid = r > 0
     n_top = min(len(g) - int(same_set), max(max(ks), int(r.max()) if len(r) else 0))
-    hits_at_k = np.zeros(len(ks))
-    ap_sum = 0.0
-    ranks = np.arange(1, n_top + 1)
+    hits_at_k, ap_sum = np.zeros(len(ks)), 0.0
     for start in range(0, len(q), block_size):
         stop = min(start + block_size, len(q))
         d = sq_distances(q[start:stop], g)
         if same_set:
             rows = np.arange(stop - start)
             d[rows, rows + start] = np.inf
-        rel = gl[nearest(d, n_top)] == ql[start:stop, None]
-        keep = valid[start:stop]
-        for i, k in enumerate(ks):
-            hits_at_k[i] += (rel[:, :k].any(axis=1) & keep).sum()
-        rb = np.maximum(r[start:stop], 1)
-        relf = (rel & (ranks[None, :] <= rb[:, None])).astype(np.float64)
-        ap = (relf.cumsum(axis=1) / ranks[None, :] * relf).sum(axis=1) / rb
-        ap_sum += ap[keep].sum()
-    n = int(valid.sum())
+        hits, ap = _ranked_sums(gl[nearest(d, n_top)] == ql[start:stop, None], r[start:stop], ks)
+        hits_at_k, ap_sum = hits_at_k + hits, ap_sum + ap
+    return _summary(ks, hits_at_k, ap_sum, int((r > 0).sum()))
+
+
+def _ranked_sums(relevant: np.ndarray, r: np.ndarray, ks: Sequence[int]) -> tuple[np.ndarray, float]:
+    """Per K the queries with a relevant item among their first K, and the sum of AP@R, over the
+    queries (rows of `relevant`) that have R = r > 0 relevant items."""
+    keep = r > 0
+    ranks = np.arange(1, relevant.shape[1] + 1)
+    hits = np.array([(relevant[:, :k].any(axis=1) & keep).sum() for k in ks], dtype=np.float64)
+    rb = np.maximum(r, 1)
+    relf = (relevant & (ranks[None, :] <= rb[:, None])).astype(np.float64)
+    ap = (relf.cumsum(axis=1) / ranks[None, :] * relf).sum(axis=1) / rb
+    return hits, float(ap[keep].sum())
+
+
+def _summary(ks: Sequence[int], hits_at_k: np.ndarray, ap_sum: float, n: int) -> dict[str, Any]:
     denom = max(n, 1)
-    return {
-        "recall_at_k": {k: float(h / denom) for k, h in zip(ks, hits_at_k)},
-        "map_at_r": float(ap_sum / denom),
-        "n_queries": n,
-    }
+    return {"recall_at_k": {k: float(h / denom) for k, h in zip(ks, hits_at_k)}, "map_at_r": float(ap_sum / denom),
+            "n_queries": n}
+
+
+def ranked_metrics(relevant: np.ndarray, n_relevant: np.ndarray, recall_k: Sequence[int]) -> dict[str, Any]:
+    """Recall@K and MAP@R from ranked search results: relevant[i, j] says whether query i's (j+1)-th
+    neighbour (itself excluded) shares its label, n_relevant[i] is how many items do (R). Queries
+    with R = 0 are left out, as in `retrieval_metrics`."""
+    relevant, r = np.asarray(relevant, dtype=bool), np.asarray(n_relevant)
+    ks = sorted({int(k) for k in recall_k})
+    hits, ap = _ranked_sums(relevant, r, ks)
+    return _summary(ks, hits, ap, int((r > 0).sum()))
 
 
 def nmi_score(labels: np.ndarray, clusters: np.ndarray) -> float:

@@ -7,13 +7,13 @@ Importing this package does not import torch: the serving side uses `OnnxEmbedde
 
 from __future__ import annotations
 
-from metricsearch.models.embed import embed_image_set, preprocessed_batches
+from metricsearch.models.embed import embed_image_set, ordered_batches, preprocessed_batches
 from metricsearch.models.onnx_embedder import OnnxEmbedder, select_providers
 from metricsearch.models.pixels import PixelEmbedder
 from metricsearch.models.preprocessing import Preprocessing
 
 __all__ = ["OnnxEmbedder", "PixelEmbedder", "Preprocessing", "embed_image_set", "open_embedder",
-           "preprocessed_batches", "select_providers"]
+           "ordered_batches", "preprocessed_batches", "select_providers"]
 
 
 def open_embedder(model: str, device: str = "auto", pixels_size: int = 28,

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
 from metricsearch.data import ImageSet
 from metricsearch.models.preprocessing import Preprocessing
+
+T = TypeVar("T")
 
 
 def default_workers() -> int:
@@ -18,24 +20,21 @@ def default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def preprocessed_batches(
-    images: ImageSet, preprocessing: Preprocessing, batch_size: int = 256, workers: int | None = None,
-    prefetch: int = 2,
-) -> Iterator[tuple[int, np.ndarray]]:
-    """(start index, N x C x H x W float32 batch) in order; `prefetch` batches decode while one is used."""
+def ordered_batches(
+    fn: Callable[[int], T], n: int, batch_size: int = 256, workers: int | None = None, prefetch: int = 2,
+) -> Iterator[tuple[int, list[T]]]:
+    """(start, [fn(start), ..., fn(stop - 1)]) for consecutive batches of range(n), in order, `fn`
+    running in `workers` threads; `prefetch` batches are computed while one is used. An exception
+    of `fn` is raised when its batch is reached, and the batches not reached yet are cancelled."""
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
-
-    def one(i: int) -> np.ndarray:
-        return preprocessing(images.load(i))
-
-    starts = iter(range(0, len(images), batch_size))
+    starts = iter(range(0, n, batch_size))
     with ThreadPoolExecutor(workers or default_workers(), thread_name_prefix="decode") as pool:
         pending: deque[tuple[int, list[Future]]] = deque()
 
         def submit(start: int) -> None:
-            stop = min(start + batch_size, len(images))
-            pending.append((start, [pool.submit(one, i) for i in range(start, stop)]))
+            stop = min(start + batch_size, n)
+            pending.append((start, [pool.submit(fn, i) for i in range(start, stop)]))
 
         for start in starts:
             submit(start)
@@ -47,12 +46,25 @@ def preprocessed_batches(
             if following is not None:
                 submit(following)
             try:
-                yield start, np.stack([f.result() for f in futures])
+                yield start, [f.result() for f in futures]
             except BaseException:
                 for _, later in pending:
                     for f in later:
                         f.cancel()
                 raise
+
+
+def preprocessed_batches(
+    images: ImageSet, preprocessing: Preprocessing, batch_size: int = 256, workers: int | None = None,
+    prefetch: int = 2,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(start index, N x C x H x W float32 batch) in order; `prefetch` batches decode while one is used."""
+
+    def one(i: int) -> np.ndarray:
+        return preprocessing(images.load(i))
+
+    for start, arrays in ordered_batches(one, len(images), batch_size, workers, prefetch):
+        yield start, np.stack(arrays)
 
 
 def embed_image_set(

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+#: ../shared beside the repository; METRICSEARCH_SHARED points elsewhere (a worktree one level deeper)
+SHARED = Path(os.environ.get("METRICSEARCH_SHARED", REPO.parent / "shared"))
 
 
 @pytest.fixture(scope="session")

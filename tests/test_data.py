@@ -321,7 +321,8 @@ def test_unknown_spec_lists_known_adapters():
     for usage, _ in adapters():
         assert usage in str(info.value)
     assert [u for u, _ in adapters()] == [
-        "digits", "folder:PATH", "omniglot:PATH", "cub200:PATH", "cars196:PATH", "sop:PATH", "inshop:PATH"]
+        "digits", "folder:PATH", "omniglot:PATH", "cub200:PATH", "cars196:PATH", "sop:PATH", "inshop:PATH",
+        "files:PATH", "csv:FILE"]
 
 
 def test_spec_without_path_and_path_for_digits():
@@ -329,8 +330,8 @@ def test_spec_without_path_and_path_for_digits():
         load_split("folder")
     with pytest.raises(ValueError, match="takes no path"):
         load_split("digits:/x")
-    with pytest.raises(ValueError, match="folder:PATH"):
-        load_image_set("digits")
+    with pytest.raises(ValueError, match="csv:FILE"):
+        load_image_set("csv")
 
 
 def test_empty_class_folder_is_named(class_tree: Path):

@@ -1,0 +1,178 @@
+"""The gallery commands of the command line: `metricsearch index build|add|remove|info|verify|rebuild`
+and `metricsearch search`; each calls one public function of metricsearch.index."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+DEVICE_HELP = "auto: CUDA for onnxruntime and GPUs for faiss when they are there; cpu or cuda to force"
+
+
+def _print_summary(summary, as_json: bool) -> None:
+    d = summary.to_dict()
+    if as_json:
+        print(json.dumps(d))
+        return
+    s = d["seconds"]
+    print(f"indexed {d['indexed']}, skipped as exact duplicate {d['duplicates']}, failed {d['failed']} "
+          f"(the gallery holds {d['count']} items)")
+    print(f"seconds: read {s['read']} (summed over the decoding threads), embed {s['embed']}, write {s['write']}, "
+          f"index {s['index']}, total {s['total']}; {d['images_per_s']} images/s")
+    print(f"device: onnxruntime {d['device']['onnxruntime']}, faiss {d['device']['faiss']}")
+    if d["index"]:
+        print(f"index: {d['index']['factory']} ({d['index']['reason']}), search parameters {d['index']['params']}")
+    for note in d["notes"]:
+        print(f"note: {note}")
+    print(f"report (every failed file and why): {d['report']}")
+
+
+def _build(args: argparse.Namespace) -> int:
+    from metricsearch.index import build_gallery
+
+    summary = build_gallery(
+        args.model, args.images, args.db, split=args.split, batch_size=args.batch, workers=args.workers,
+        index=args.index, device=args.device, resume=args.resume, overwrite=args.overwrite,
+        thumbnail_size=0 if args.no_thumbnails else args.thumbnail_size, max_pixels=args.max_pixels,
+        min_side=args.min_side, progress=not args.json)
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    from metricsearch.index import add_images
+
+    summary = add_images(args.db, args.images, split=args.split, model=args.model, batch_size=args.batch,
+                         workers=args.workers, device=args.device, progress=not args.json)
+    _print_summary(summary, args.json)
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    from metricsearch.index import remove_items
+
+    result = remove_items(args.db, ids=args.ids, label=args.label)
+    print(json.dumps(result) if args.json else f"removed {result['removed']} item(s); {result['count']} left")
+    return 0
+
+
+def _print_info(info: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(info))
+        return
+    for key, value in info.items():
+        print(f"{key:<24} {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+
+
+def _info(args: argparse.Namespace) -> int:
+    from metricsearch.index import gallery_info
+
+    _print_info(gallery_info(args.db, device=args.device), args.json)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from metricsearch.index import verify_gallery
+
+    result = verify_gallery(args.db)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for note in result["notes"]:
+            print(f"note: {note}")
+        if result["ok"]:
+            print(f"ok: LMDB and faiss agree on {result['count']} ids; the model matches its fingerprint")
+    for problem in result["problems"]:
+        print(f"metricsearch index verify: {args.db}: {problem}", file=sys.stderr)
+    return 0 if result["ok"] else 1
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from metricsearch.index import rebuild_index
+
+    _print_info(rebuild_index(args.db, index=args.index, device=args.device), args.json)
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """`metricsearch search`: the nearest gallery items of one query image."""
+    from metricsearch.index import Gallery
+
+    with Gallery.open(args.db, model=args.model, device=args.device) as gallery:
+        hits = gallery.search([args.image], k=args.k, label=args.label)[0]
+    if args.json:
+        print(json.dumps(hits.to_list()))
+        return 0
+    for rank, hit in enumerate(hits, start=1):
+        print(f"{rank:>3}  id {hit.id:<8} score {hit.score:.4f}  label {hit.label}  {hit.path}")
+    return 0
+
+
+def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register `index` (with its sub-commands) and `search` on the top-level sub-parsers."""
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    index = add("index", lambda args: args.index_func(args),
+                "Build and maintain a searchable gallery (LMDB + faiss) of a model's embeddings of your images.")
+    inner = index.add_subparsers(dest="index_command", required=True, metavar="INDEX_COMMAND")
+
+    def sub_add(name: str, func, help_text: str) -> argparse.ArgumentParser:
+        p = inner.add_parser(name, help=help_text, description=help_text, formatter_class=fmt)
+        p.set_defaults(index_func=func)
+        p.add_argument("--db", required=True, help="the gallery folder")
+        return p
+
+    def images(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--images", required=True, help="data set spec: folder:PATH (labels from sub-folders), "
+                       "files:PATH (every image below, no labels), csv:FILE (columns path, label), or any adapter")
+        p.add_argument("--split", choices=["train", "test"], help="only this part of a split spec (default: all)")
+        p.add_argument("--batch", type=int, default=256, help="images per inference batch and per LMDB transaction")
+        p.add_argument("--workers", type=int, help="decoding threads (default: one per core, at most 8)")
+        p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)
+        p.add_argument("--json", action="store_true", help="print the summary as one JSON object, no progress bar")
+
+    p = sub_add("build", _build, "Index every image of a spec into a new gallery; prints indexed / duplicate / "
+                "failed counts and seconds per stage, and writes DIR/report.json with each failed file and why.")
+    p.add_argument("--model", required=True, help="the exported .onnx embedder")
+    images(p)
+    p.add_argument("--index", help="auto (flat up to 50,000 items, else IVF; IVF-PQ when memory is short), flat, ivf, "
+                   "ivfpq, hnsw, or a faiss factory string (default: auto)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted build where its committed work ends")
+    p.add_argument("--overwrite", action="store_true", help="replace a gallery that is already in --db")
+    p.add_argument("--thumbnail-size", type=int, default=256, help="long side of the stored thumbnails, in pixels")
+    p.add_argument("--no-thumbnails", action="store_true", help="store no thumbnails")
+    p.add_argument("--max-pixels", type=int, default=64_000_000, help="larger images are refused (decompression bombs)")
+    p.add_argument("--min-side", type=int, default=8, help="images with a shorter side are refused")
+
+    p = sub_add("add", _add, "Add the images of a spec to a gallery (images it holds already are skipped).")
+    images(p)
+    p.add_argument("--model", help="refuse unless this .onnx file is the gallery's model")
+
+    p = sub_add("remove", _remove, "Remove items by id or by label.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--ids", type=int, nargs="+", help="item ids to remove")
+    which.add_argument("--label", help="remove every item with this label")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    for name, func, text in (("info", _info, "Model, dimension, count, index type and search parameters, size on disk."),
+                             ("rebuild", _rebuild, "Build the faiss index again from the stored embeddings (drops "
+                              "removed ids an HNSW index still holds; --index changes its type).")):
+        p = sub_add(name, func, text)
+        p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)
+        p.add_argument("--json", action="store_true", help="print one JSON object (keys include count, dim, index_type)")
+        if name == "rebuild":
+            p.add_argument("--index", help="index type for the new index (default: the one asked for at build)")
+
+    p = sub_add("verify", _verify, "Check that LMDB and faiss agree on ids and count and that the model matches its "
+                "stored fingerprint; exits 1 and says what disagrees otherwise.")
+    p.add_argument("--json", action="store_true", help="print {ok, problems, notes, count, ...} as JSON")
+
+    p = add("search", cmd_search, "Search a gallery with one image: its nearest items, nearest first.")
+    p.add_argument("--db", required=True, help="the gallery folder")
+    p.add_argument("--image", required=True, help="the query image file")
+    p.add_argument("-k", type=int, default=10, help="how many items to return")
+    p.add_argument("--label", help="only items with this label")
+    p.add_argument("--model", help="refuse unless this .onnx file is the gallery's model")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)
+    p.add_argument("--json", action="store_true", help='print a JSON list of {"id", "score", "label", "path"}')

@@ -1,0 +1,267 @@
+"""The faiss side of a gallery: which index to build, building it (on GPUs when faiss sees them),
+tuning nprobe / efSearch for a recall target, saving it beside the LMDB, and reading it back.
+
+Every index uses inner product on L2-normalised vectors and explicit 64-bit ids (IVF indexes
+hold ids themselves; the others are wrapped in IndexIDMap), so ids stay stable through additions
+and removals. Named choices: `flat` (exact), `ivf` (IVF-Flat), `ivfpq` (IVF-PQ), `hnsw` (HNSW32);
+anything else is taken as a faiss factory string.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+log = logging.getLogger("metricsearch.index")
+
+INDEX_DIR = "index"
+NAMED = ("auto", "flat", "ivf", "ivfpq", "hnsw")
+FLAT_MAX = 50_000  # auto: exact search up to this many items
+MEMORY_FRACTION = 0.5  # auto: the index may take this share of the available memory
+TRAIN_PER_LIST = 40  # IVF training points per list (faiss asks for at least 39)
+PQ_MIN = 1_000  # fewest vectors to train IVF-PQ on
+TARGET_RECALL = 0.95
+TUNE_K = 10
+TUNE_QUERIES = 4_000  # enough for the recall estimate to be within about +-0.005
+PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
+
+
+def select_device(device: str = "auto", num_gpus: int | None = None) -> str:
+    """`gpu` or `cpu` for faiss: GPUs when faiss sees any (auto), or as `device` (auto|cpu|cuda) says."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    gpus = faiss.get_num_gpus() if num_gpus is None else num_gpus
+    if device == "cuda" and gpus < 1:
+        raise ValueError("device 'cuda' was asked for but faiss sees no GPU (faiss-cpu is installed, or no "
+                         "GPU is visible); install the `gpu` extra or use --device cpu")
+    return "gpu" if device != "cpu" and gpus > 0 else "cpu"
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (MemAvailable on Linux; else physical memory)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def ivf_lists(n: int) -> int:
+    """IVF lists for n vectors: the power of two at or above 4*sqrt(n) (so within 4..8*sqrt(n)),
+    fewer when n cannot give each list TRAIN_PER_LIST training points."""
+    lists = 2 ** math.ceil(math.log2(max(1.0, 4 * math.sqrt(n))))
+    return max(1, min(lists, n // TRAIN_PER_LIST))
+
+
+def pq_bytes(dim: int, n: int, budget: float) -> int:
+    """Bytes per PQ code: the largest divisor of dim up to dim/4 (sub-vectors of 4+ dimensions)
+    whose codes (+ ids) fit `budget`."""
+    sizes = [m for m in range(1, dim // 4 + 1) if dim % m == 0] or [1]
+    fitting = [m for m in sizes if n * (m + 8) <= budget]
+    return max(fitting) if fitting else min(sizes)
+
+
+@dataclass(frozen=True)
+class IndexChoice:
+    """A faiss factory string and why it was chosen."""
+
+    factory: str
+    reason: str
+
+
+def choose_index(n: int, dim: int, request: str = "auto", memory: int | None = None) -> IndexChoice:
+    """The index for n vectors of `dim`: a named choice, a factory string, or `auto` by size and memory."""
+    name = request.strip().lower()
+    budget = MEMORY_FRACTION * (memory if memory is not None else available_memory())
+    if name == "auto":
+        if n * (4 * dim + 8) > budget and n >= PQ_MIN:
+            choice = choose_index(n, dim, "ivfpq", memory)
+            return IndexChoice(choice.factory, f"{n} vectors as float32 exceed {budget / 2**30:.1f} GiB: compressed")
+        if n <= FLAT_MAX:
+            return IndexChoice("IDMap,Flat", f"{n} <= {FLAT_MAX} vectors: exact search")
+        return IndexChoice(choose_index(n, dim, "ivf").factory, f"{n} > {FLAT_MAX} vectors: inverted lists")
+    if name == "flat" or n == 0 and name in ("ivf", "ivfpq"):
+        return IndexChoice("IDMap,Flat", "asked for" if name == "flat" else "an empty gallery: exact search")
+    if name == "ivf":
+        return IndexChoice(f"IVF{ivf_lists(n)},Flat", "asked for")
+    if name == "ivfpq":
+        if n < PQ_MIN:
+            raise ValueError(f"IVF-PQ needs at least {PQ_MIN} vectors to train its codebooks, the gallery has {n}: "
+                             "use --index flat or ivf")
+        bits = 8 if n >= 256 * TRAIN_PER_LIST else 4
+        # np: no polysemous training (slow, and only for Hamming-filtered search, which is not used)
+        return IndexChoice(f"IVF{ivf_lists(n)},PQ{pq_bytes(dim, n, budget)}x{bits}np", "asked for")
+    if name == "hnsw":
+        return IndexChoice("IDMap,HNSW32", "asked for")
+    return IndexChoice(request.strip(), "faiss factory string")
+
+
+def _inner(index: faiss.Index) -> tuple[faiss.Index, bool]:
+    """The index under IDMap / pre-transform wrappers, and whether a pre-transform changes vectors."""
+    index, transformed = faiss.downcast_index(index), False
+    while isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexPreTransform)):
+        transformed |= isinstance(index, faiss.IndexPreTransform)
+        index = faiss.downcast_index(index.index)
+    return index, transformed
+
+
+def describe(index: faiss.Index) -> dict:
+    """kind (flat, ivf, ivfpq, hnsw or other), exact, the tunable parameter, and whether ids can be removed."""
+    inner, transformed = _inner(index)
+    kind = ("ivfpq" if isinstance(inner, faiss.IndexIVFPQ) else "ivf" if isinstance(inner, faiss.IndexIVF)
+            else "hnsw" if isinstance(inner, faiss.IndexHNSW) else "flat" if isinstance(inner, faiss.IndexFlat)
+            else "other")
+    try:
+        index.remove_ids(faiss.IDSelectorBatch(np.zeros(0, dtype=np.int64)))
+        removable = True
+    except RuntimeError:
+        removable = False
+    return {"kind": kind, "exact": kind == "flat" and not transformed, "param": PARAMS.get(kind),
+            "removable": removable}
+
+
+def make_index(factory: str, dim: int) -> faiss.Index:
+    """An empty inner-product index from a factory string, with explicit ids (IDMap where needed)."""
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise ValueError(f"faiss cannot build index {factory!r} for {dim}-d vectors: {str(exc).splitlines()[-1]}") from exc
+    if faiss.try_extract_index_ivf(index) is None and not isinstance(faiss.downcast_index(index), faiss.IndexIDMap):
+        index = faiss.IndexIDMap(index)
+    return index
+
+
+def to_device(index: faiss.Index, device: str) -> faiss.Index:
+    """The index for searching on `device` (cpu|gpu): a replica on every GPU, or the index itself."""
+    if device != "gpu":
+        return index
+    try:
+        options = faiss.GpuMultipleClonerOptions()
+        options.shard = False
+        return faiss.index_cpu_to_all_gpus(index, co=options)
+    except (RuntimeError, AttributeError) as exc:
+        log.info("faiss: this index stays on the CPU (%s)", str(exc).splitlines()[-1] if str(exc) else exc)
+        return index
+
+
+def to_cpu(index: faiss.Index, device: str) -> faiss.Index:
+    """A CPU copy of an index built on the GPUs (wrappers such as IndexIDMap or replicas included);
+    the index itself on the CPU."""
+    return faiss.index_gpu_to_cpu(index) if device == "gpu" and hasattr(faiss, "index_gpu_to_cpu") else index
+
+
+def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu",
+                seed: int = 0) -> tuple[faiss.Index, np.ndarray]:
+    """An index of `vectors` under `ids`, trained on a random sample (on the GPUs with device gpu);
+    returns the CPU index and the rows of the training sample."""
+    index = make_index(factory, vectors.shape[1])
+    rows = np.zeros(0, dtype=np.int64)
+    work = to_device(index, device)
+    if not index.is_trained:
+        ivf = faiss.try_extract_index_ivf(index)
+        size = min(len(vectors), TRAIN_PER_LIST * ivf.nlist if ivf is not None else 100_000)
+        rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=size, replace=False))
+        work.train(np.ascontiguousarray(vectors[rows]))
+    work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
+    return to_cpu(work, device), rows
+
+
+def set_param(index: faiss.Index, name: str, value: int) -> None:
+    """Set nprobe or efSearch on an index, through its wrappers."""
+    faiss.ParameterSpace().set_index_parameter(index, name, int(value))
+
+
+def recalls_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
+    """Per query, the share of its exact k nearest (itself left out) that `found` holds."""
+    out = []
+    for f, e, q in zip(found, exact, query_ids):
+        truth = [i for i in e if i != q and i >= 0][:k]
+        got = {i for i in f if i != q and i >= 0}
+        out.append(len(got.intersection(truth)) / max(len(truth), 1))
+    return np.array(out)
+
+
+def recall_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndarray, k: int) -> float:
+    """Mean recall@k of `found` against `exact`, each query itself left out."""
+    return float(recalls_without_self(found, exact, query_ids, k).mean())
+
+
+def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | None = None, *,
+         target: float = TARGET_RECALL, k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0) -> dict:
+    """The smallest nprobe / efSearch whose recall@k against exact search reaches `target` (its lower
+    95% bound does), on up to `n_queries` gallery vectors (from `held_out` rows, those the index was
+    not trained on, when given) searching for their neighbours, themselves left out; sets it on the
+    index and returns {"params", "recall_at_10", "recall_at_10_lower", "target", "queries", "items"}."""
+    info = describe(index)
+    result = {"params": {}, "recall_at_10": 1.0, "target": target, "queries": 0, "items": len(vectors)}
+    if info["exact"] or len(vectors) < 2:
+        return result
+    pool = held_out if held_out is not None and len(held_out) >= min(n_queries, len(vectors)) // 2 else np.arange(len(vectors))
+    rows = np.random.default_rng(seed).choice(pool, size=min(n_queries, len(pool)), replace=False)
+    queries, query_ids = np.ascontiguousarray(vectors[rows]), ids[rows]
+    _, exact_rows = faiss.knn(queries, np.ascontiguousarray(vectors), k + 1, metric=faiss.METRIC_INNER_PRODUCT)
+    exact = np.where(exact_rows >= 0, ids[exact_rows.clip(0)], -1)
+
+    def recall_at(value: int | None) -> tuple[float, float]:
+        """Mean recall and its lower 95% bound (mean - 2 standard errors): the bound must reach the
+        target, so that the setting holds on other queries too, not just on this sample."""
+        if value is not None:
+            set_param(index, info["param"], value)
+        r = recalls_without_self(index.search(queries, k + 1)[1], exact, query_ids, k)
+        return float(r.mean()), float(r.mean() - 2 * r.std() / np.sqrt(len(r)))
+
+    result["queries"] = len(rows)
+    if info["param"] is None:
+        result["recall_at_10"] = round(recall_at(None)[0], 4)
+        return result
+    ivf = faiss.try_extract_index_ivf(index)
+    low, high = (1, ivf.nlist) if ivf is not None else (k, 4096)
+    value, best, lo = low, None, low
+    while True:
+        r = recall_at(value)
+        if r[1] >= target or value >= high:
+            best = (value, r)
+            break
+        lo, value = value, min(high, value * 2)
+    while best[1][1] >= target and best[0] - lo > 1:  # bisect between the last failing and first passing
+        mid = (lo + best[0]) // 2
+        r = recall_at(mid)
+        best, lo = ((mid, r), lo) if r[1] >= target else (best, mid)
+    set_param(index, info["param"], best[0])
+    result.update(params={info["param"]: best[0]}, recall_at_10=round(best[1][0], 4),
+                  recall_at_10_lower=round(best[1][1], 4))
+    if best[1][1] < target:
+        log.warning("faiss: %s reaches recall@%d %.3f at most (%s=%d), below the target %.2f",
+                    type(_inner(index)[0]).__name__, k, best[1][0], info["param"], best[0], target)
+    return result
+
+
+def search_params(info: dict, params: dict, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
+    """faiss search parameters carrying an id selector and the tuned nprobe / efSearch (None: no selector)."""
+    if selector is None:
+        return None
+    if info["param"] == "nprobe":
+        return faiss.SearchParametersIVF(sel=selector, nprobe=int(params.get("nprobe", 1)))
+    if info["param"] == "efSearch":
+        return faiss.SearchParametersHNSW(sel=selector, efSearch=int(params.get("efSearch", 16)))
+    return faiss.SearchParameters(sel=selector)
+
+
+def index_ids(index: faiss.Index) -> np.ndarray:
+    """Every id an index holds (sorted)."""
+    outer = faiss.downcast_index(index)
+    if isinstance(outer, (faiss.IndexIDMap, faiss.IndexIDMap2)):
+        return np.sort(faiss.vector_to_array(outer.id_map).astype(np.int64))
+    ivf = faiss.extract_index_ivf(index)
+    lists = ivf.invlists
+    parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy()
+             for i in range(ivf.nlist) if lists.list_size(i)]
+    return np.sort(np.concatenate(parts).astype(np.int64)) if parts else np.zeros(0, np.int64)

@@ -1,0 +1,275 @@
+"""The indexing jobs behind `metricsearch index ...`: build (and resume), add, remove, rebuild.
+
+Resume: every batch commits its items, embeddings, failures, counters and the sources it
+consumed in one LMDB transaction; the faiss index is built from the committed embeddings once all
+images are in, and saved beside the LMDB with the write version it reflects. After SIGKILL,
+`--resume` skips every source the LMDB already holds (indexed, duplicate or failed), so nothing
+is lost and nothing is embedded twice; a faiss file older than the LMDB is brought up to date
+by replaying the change log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from metricsearch.data import DEFAULT_MAX_PIXELS, load_image_set
+from metricsearch.models import OnnxEmbedder
+
+from .faiss_files import save_index
+from .faiss_index import INDEX_DIR, build_index, choose_index, describe, select_device, tune
+from .gallery import Gallery, check_model, file_sha256
+from .layout import FORMAT_VERSION, LMDB_DIR, Store
+from .locks import job_lock
+from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, ImageReader, ReadSettings, StageTimes, run_pipeline, source_names
+from .writer import GalleryWriter, bump_version, start_job
+
+log = logging.getLogger("metricsearch.index")
+MODEL_FILE = "model.onnx"
+REPORT_FILE = "report.json"
+
+
+@dataclass
+class JobSummary:
+    """What a build or add did: counts of this job (across resumes), seconds per stage, the report file."""
+
+    command: str
+    db: str
+    images: str
+    indexed: int
+    duplicates: int
+    failed: int
+    count: int
+    seconds: dict
+    images_per_s: float
+    report: str
+    device: dict
+    index: dict | None = None
+    resumed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str) -> dict:
+    """Build, tune and save the faiss index of every committed embedding; mark the gallery ready."""
+    with store.read() as txn:
+        version, generation = store.version(txn), store.meta(txn, "generation", 0)
+        model, request = store.meta(txn, "model"), request or store.meta(txn, "index_request", "auto")
+        ids, vectors = store.vectors(txn)
+    choice = choose_index(len(ids), int(model["dim"]), request)
+    log.info("faiss: %s for %d vectors (%s), built on %s", choice.factory, len(ids), choice.reason, faiss_device)
+    index, train_rows = build_index(vectors, ids, choice.factory, faiss_device)
+    tuning = tune(index, vectors, ids, np.setdiff1d(np.arange(len(ids)), train_rows))
+    info = describe(index)
+    header = {"version": version, "generation": generation + 1, "factory": choice.factory, "reason": choice.reason,
+              "request": request, "params": tuning.pop("params"), "tuning": tuning, "kind": info["kind"],
+              "exact": info["exact"], "removable": info["removable"], "fingerprint": model["fingerprint"],
+              "dim": int(model["dim"]), "count": len(ids), "built_on": faiss_device}
+    save_index(db, index, header)
+
+    def ready(txn) -> None:
+        store.put_meta(txn, "index", {k: header[k] for k in ("factory", "reason", "request", "params", "tuning", "kind")})
+        store.put_meta(txn, "index_request", request)
+        store.put_meta(txn, "generation", generation + 1)
+        store.put_meta(txn, "state", "ready")
+        txn.drop(store.dbs["tombstones"], delete=False)
+        store.prune_log(txn, version)
+        bump_version(store, txn)
+
+    store.write(ready)
+    return header
+
+
+def _index_images(store: Store, images: str, split: str | None, embed: Callable[[dict], dict], preprocessing,
+                  settings: ReadSettings, dim: int, *, resume: bool, batch_size: int, workers: int | None,
+                  progress: bool, after_batch: Callable[[], None] | None = None) -> StageTimes:
+    """Run reader -> embedder -> writer over the images of a spec (on resume: those not yet committed)."""
+    image_set = load_image_set(images, split, check=False)
+    sources = source_names(image_set, images, split)
+    positions = list(range(len(sources)))
+    if resume:  # skip what the interrupted job committed: indexed, duplicate or failed
+        with store.read() as txn:
+            positions = [i for i in positions if all(txn.get(sources[i].encode(), db=store.dbs[name]) is None
+                                                     for name in ("sources", "failures"))]
+    writer = GalleryWriter(store)
+    reader = ImageReader(image_set, sources, preprocessing, replace(settings, mode=image_set.mode), writer.committed)
+
+    def write(items, vectors) -> None:
+        if vectors is not None and vectors.shape[1] != dim:
+            raise ValueError(f"the embed step gave {vectors.shape[1]}-d vectors, the gallery holds {dim}-d ones")
+        writer.write_batch(items, vectors)
+        if after_batch is not None:
+            after_batch()
+
+    start = time.perf_counter()
+    times = run_pipeline(reader, positions, embed, write, batch_size=batch_size, workers=workers,
+                         progress=progress, desc=f"indexing {images}")
+    times.total = time.perf_counter() - start
+    return times
+
+
+def _finish(store: Store, db: Path, times: StageTimes, pipeline_s: float, device: dict, notes: list[str]) -> JobSummary:
+    """The job's summary, also written with every failure and its reason to DIR/report.json."""
+    with store.read() as txn:
+        job, index, count = store.meta(txn, "job"), store.meta(txn, "index"), store.count(txn)
+        failures = [{"path": bytes(k).decode(), "reason": bytes(v).decode()} for k, v in txn.cursor(db=store.dbs["failures"])]
+    seconds = times.to_dict()
+    summary = JobSummary(job["command"], str(db), job["images"], job["indexed"], job["duplicates"], job["failed"],
+                         count, seconds, round(times.items / pipeline_s, 1) if pipeline_s > 0 else 0.0,
+                         str(db / REPORT_FILE), device, index, job.get("resumed", 0), notes)
+    tmp = db / (REPORT_FILE + ".tmp")
+    tmp.write_text(json.dumps({**summary.to_dict(), "failures": failures}, indent=1))
+    os.replace(tmp, db / REPORT_FILE)
+    return summary
+
+
+def _existing(db: Path) -> bool:
+    if not (db / LMDB_DIR / "data.mdb").is_file():
+        return False
+    store = Store.open(db)
+    try:
+        with store.read() as txn:
+            return store.meta(txn, "format") is not None
+    finally:
+        store.close()
+
+
+def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, settings: ReadSettings, request: str) -> None:
+    """Copy the model into the gallery and write the metadata of a new gallery."""
+    tmp = db / (MODEL_FILE + ".tmp")
+    shutil.copyfile(model, tmp)
+    os.replace(tmp, db / MODEL_FILE)
+    meta = {"fingerprint": file_sha256(db / MODEL_FILE), "dim": embedder.dim, "source": os.path.abspath(model),
+            "file": MODEL_FILE, "preprocessing": embedder.preprocessing.to_dict(), "normalized": embedder.normalized}
+    choose_index(0, embedder.dim, request)  # a bad request fails now, not after the embedding
+
+    def fn(txn) -> None:
+        for key, value in (("model", meta), ("settings", settings.to_dict()), ("index_request", request),
+                           ("state", "building"), ("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
+                           ("generation", 0), ("next_id", 0), ("format", FORMAT_VERSION)):
+            store.put_meta(txn, key, value)
+        bump_version(store, txn)
+
+    store.write(fn)
+
+
+def build_gallery(
+    model: str | Path, images: str, db: str | Path, *, split: str | None = None, batch_size: int = 256,
+    workers: int | None = None, index: str | None = None, device: str = "auto", resume: bool = False,
+    overwrite: bool = False, thumbnail_size: int = THUMBNAIL_SIZE, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    min_side: int = MIN_SIDE, progress: bool = False, embed_step: Callable[[dict], dict] | None = None,
+) -> JobSummary:
+    """Index every image of a data set spec (`split`: only its train or test part) into a new gallery
+    folder `db` with the exported ONNX `model`; `resume` continues an interrupted build. `index`:
+    auto (default), flat, ivf, ivfpq, hnsw or a faiss factory string. Unreadable images are skipped
+    and listed in DIR/report.json; exact duplicates are stored once."""
+    start, db, model = time.perf_counter(), Path(db), Path(model)
+    faiss_device = select_device(device)
+    with job_lock(db):
+        existing = _existing(db)
+        if existing and not (resume or overwrite):
+            raise ValueError(f"{db} already holds a gallery: pass --resume to continue its build, use `metricsearch "
+                             "index add` to add images, --overwrite to replace it, or choose another --db")
+        if existing and overwrite:
+            for name in (LMDB_DIR, INDEX_DIR, MODEL_FILE, REPORT_FILE):
+                shutil.rmtree(db / name) if (db / name).is_dir() else (db / name).unlink(missing_ok=True)
+        embedder = OnnxEmbedder(model, device)
+        store = Store.open(db, writable=True)
+        try:
+            notes = _prepare(store, db, model, embedder, images, split, index, resume and existing,
+                             ReadSettings(max_pixels, min_side, thumbnail_size))
+            with store.read() as txn:
+                settings = ReadSettings(**store.meta(txn, "settings"))
+            device_info = {"onnxruntime": embedder.providers[0], "faiss": faiss_device}
+            log.info("index build: embedding with %s, faiss on %s", *device_info.values())
+            times = _index_images(store, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
+                                  settings, embedder.dim, resume=resume and existing, batch_size=batch_size,
+                                  workers=workers, progress=progress)
+            pipeline_s, t = times.total, time.perf_counter()
+            with store.read() as txn:
+                ready = store.meta(txn, "state") == "ready"
+            if ready:  # a finished build resumed: bring its index up to the images added now
+                with Gallery(db, Store.open(db, writable=True), device=device) as gallery:
+                    gallery.checkpoint()
+            else:
+                build_faiss(store, db, None, faiss_device)
+            times.index, times.total = time.perf_counter() - t, time.perf_counter() - start
+            return _finish(store, db, times, pipeline_s, device_info, notes)
+        finally:
+            store.close()
+
+
+def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images: str, split: str | None,
+             index: str | None, resume: bool, settings: ReadSettings) -> list[str]:
+    """Create the gallery, or check that a resumed one is the same model, images and index request."""
+    with store.read() as txn:
+        meta_model, job, request = store.meta(txn, "model"), store.meta(txn, "job"), store.meta(txn, "index_request")
+    if meta_model is None:
+        _create(store, db, model, embedder, settings, index or "auto")
+        start_job(store, "build", images, split, resume=False)
+        return []
+    check_model(meta_model, model, embedder.dim)
+    if job is None or job["command"] != "build" or (job["images"], job["split"]) != (images, split):
+        what = f"{job['command']} of {job['images']}" if job else "nothing"
+        raise ValueError(f"--resume continues an interrupted build, and the last job here was {what}: pass the same "
+                         "--images and --split, or use `metricsearch index add` for other images")
+    if index is not None and index != request:
+        raise ValueError(f"this build was started with --index {request}; resume it with the same --index (or none)")
+    start_job(store, "build", images, split, resume=True)
+    return [f"resumed: {job['indexed']} images were indexed before, {job['duplicates']} duplicates, "
+            f"{job['failed']} failed"]
+
+
+def run_add(gallery: Gallery, images: str, *, split: str | None = None, batch_size: int = 256,
+            workers: int | None = None, progress: bool = False, embed_step: Callable[[dict], dict] | None = None) -> JobSummary:
+    """Index the images of a spec into an open, writable gallery; searches see each batch as it commits."""
+    start, store = time.perf_counter(), gallery.store
+    if not store.writable:
+        raise ValueError(f"{gallery.db} was opened read-only: open it with writable=True to add images")
+    start_job(store, "add", images, split, resume=False)
+    embedder = gallery.embedder
+    times = _index_images(store, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
+                          ReadSettings(**gallery.settings), gallery.dim, resume=False, batch_size=batch_size,
+                          workers=workers, progress=progress, after_batch=gallery.refresh)
+    pipeline_s, t = times.total, time.perf_counter()
+    gallery.checkpoint()
+    times.index, times.total = time.perf_counter() - t, time.perf_counter() - start
+    device = {"onnxruntime": embedder.providers[0], "faiss": gallery.faiss_device}
+    return _finish(store, gallery.db, times, pipeline_s, device, [])
+
+
+def add_images(db: str | Path, images: str, *, split: str | None = None, model: str | Path | None = None,
+               batch_size: int = 256, workers: int | None = None, device: str = "auto", progress: bool = False,
+               embed_step: Callable[[dict], dict] | None = None) -> JobSummary:
+    """Add the images of a data set spec to a gallery with its own model (`model`: refused unless it is the
+    gallery's). Images already in the gallery are skipped as exact duplicates, so an interrupted add
+    continues when run again."""
+    with Gallery.open(db, model=model, device=device, writable=True) as gallery:
+        return gallery.add(images, split=split, batch_size=batch_size, workers=workers, progress=progress,
+                           embed_step=embed_step)
+
+
+def remove_items(db: str | Path, ids: Sequence[int] | None = None, label: str | None = None) -> dict:
+    """Remove items by id or by label; returns {"removed": n, "ids": [...], "count": items left}."""
+    with Gallery.open(db, writable=True) as gallery:
+        removed = gallery.remove(ids, label)
+        return {"removed": len(removed), "ids": removed.tolist(), "count": len(gallery)}
+
+
+def rebuild_index(db: str | Path, index: str | None = None, device: str = "auto") -> dict:
+    """Build the faiss index again from the stored embeddings (as `index`, or the type asked for before);
+    drops ids removed from an index that cannot remove. Returns the gallery's info."""
+    with Gallery.open(db, device=device, writable=True) as gallery:
+        gallery.rebuild(index)
+        return gallery.info()

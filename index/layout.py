@@ -1,0 +1,263 @@
+"""The gallery's LMDB environment: named databases, keys and records, batched writes that grow the
+map by themselves, read-only readers, and the change log that keeps the faiss index recoverable.
+
+One environment per gallery (`DIR/gallery.lmdb`), with the named databases
+
+    metadata    format version, model, settings, index description, job, state; counters
+                `version` (one more per committed write), `next_id`, `generation`
+    items       id -> ItemRecord (sha256, byte size, label, source path)
+    thumbnails  id -> JPEG or PNG bytes, about 256 px on the long side
+    embeddings  id -> float32 vector (L2-normalised)
+    hashes      sha256 -> id (exact duplicates are stored once)
+    sources     source path -> id (indexed items and the duplicates that map onto them)
+    failures    source path -> reason (the current job's unreadable images)
+    log         version -> added or removed ids: replayed onto an older faiss file
+    tombstones  id -> b"": removed ids still inside an index faiss cannot remove from (HNSW)
+
+Ids are 8-byte big-endian keys, so cursors walk them in numeric order; they are never reused.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+
+import lmdb
+import numpy as np
+
+from .locks import RWLock
+
+LMDB_DIR = "gallery.lmdb"
+FORMAT_VERSION = 1
+DB_NAMES = ("metadata", "items", "thumbnails", "embeddings", "hashes", "sources", "failures", "log", "tombstones")
+INITIAL_MAP_SIZE = 1 << 30
+ADD, REMOVE = b"A", b"R"
+COUNTERS = ("version", "next_id", "generation")
+R = TypeVar("R")
+_RECORD = struct.Struct("<32sqH")
+
+
+def id_key(item_id: int) -> bytes:
+    """The LMDB key of an id (8 bytes, big-endian: keys sort as numbers)."""
+    return struct.pack(">Q", item_id)
+
+
+def key_id(key: bytes) -> int:
+    """The id an LMDB key holds."""
+    return struct.unpack(">Q", key)[0]
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """What the gallery keeps about one indexed image."""
+
+    path: str
+    label: str | None
+    sha256: bytes
+    size: int
+
+    def encode(self) -> bytes:
+        """Compact bytes: sha256, size, label length, label, path (UTF-8)."""
+        label = (self.label or "").encode()
+        return _RECORD.pack(self.sha256, self.size, len(label)) + label + self.path.encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ItemRecord:
+        """Inverse of `encode`."""
+        sha, size, n = _RECORD.unpack_from(data)
+        label = bytes(data[_RECORD.size:_RECORD.size + n]).decode()
+        return cls(bytes(data[_RECORD.size + n:]).decode(), label or None, sha, size)
+
+
+_OPEN: dict[str, tuple[Store, int]] = {}
+_OPEN_LOCK = threading.Lock()  # guards the table of open stores
+
+
+class Store:
+    """One gallery's LMDB environment, shared by everything in this process that opens it.
+
+    LMDB must not be opened twice by one process, so `Store.open` hands out the open one. `lock`
+    guards what needs no other transaction in the process (growing the map) and, for the
+    gallery, the in-memory faiss index: readers hold it shared, changes exclusively.
+    """
+
+    def __init__(self, path: Path, writable: bool) -> None:
+        self.path, self.writable = path, writable
+        try:
+            self.env = lmdb.open(str(path), max_dbs=len(DB_NAMES) + 2, readonly=not writable,
+                                 map_size=INITIAL_MAP_SIZE, readahead=False)
+        except lmdb.Error as exc:
+            raise OSError(f"cannot open the gallery database {path}: {exc}") from exc
+        try:
+            self.dbs = {name: self.env.open_db(name.encode(), create=writable) for name in DB_NAMES}
+        except lmdb.NotFoundError:
+            self.env.close()
+            raise FileNotFoundError(f"{path.parent} is not a gallery yet (its databases are being created)") from None
+        self.lock = RWLock()
+
+    @classmethod
+    def open(cls, folder: Path, writable: bool = False) -> Store:
+        """The store of gallery folder `folder` (created when `writable` and absent)."""
+        path = Path(folder) / LMDB_DIR
+        if not writable and not (path / "data.mdb").is_file():
+            raise FileNotFoundError(f"{folder} is not a gallery (no {LMDB_DIR}): make one with `metricsearch index build`")
+        key = str(path.resolve())
+        with _OPEN_LOCK:
+            store, users = _OPEN.get(key, (None, 0))
+            if store is not None and writable and not store.writable:
+                raise ValueError(f"{folder} is open read-only in this process: close that Gallery before changing it")
+            if store is None:
+                path.mkdir(parents=True, exist_ok=True)
+                store = cls(path, writable)
+            _OPEN[key] = (store, users + 1)
+            return store
+
+    def close(self) -> None:
+        """Give this user's handle back; the environment closes with its last user."""
+        key = str(self.path.resolve())
+        with _OPEN_LOCK:
+            store, users = _OPEN.get(key, (None, 0))
+            if store is not self:
+                return
+            if users > 1:
+                _OPEN[key] = (store, users - 1)
+                return
+            del _OPEN[key]
+            self.env.close()
+
+    # --- transactions ---------------------------------------------------------------------------
+
+    def begin(self) -> lmdb.Transaction:
+        """A read transaction; the caller holds `lock` for reading (a resized map is adopted first)."""
+        try:
+            return self.env.begin()
+        except lmdb.MapResizedError:
+            self.lock.release_read()
+            try:
+                with self.lock.writing():
+                    self.env.set_mapsize(0)
+            finally:
+                self.lock.acquire_read()
+            return self.env.begin()
+
+    @contextmanager
+    def read(self) -> Iterator[lmdb.Transaction]:
+        """A read transaction under the shared lock."""
+        self.lock.acquire_read()
+        try:
+            with self.begin() as txn:
+                yield txn
+        finally:
+            self.lock.release_read()
+
+    def write(self, fn: Callable[[lmdb.Transaction], R]) -> R:
+        """fn(txn) in one write transaction, committed; run again on a map twice as large when full."""
+        if not self.writable:
+            raise ValueError(f"{self.path.parent} was opened read-only")
+        while True:
+            txn = self.env.begin(write=True)
+            try:
+                result = fn(txn)
+                txn.commit()
+                return result
+            except lmdb.MapFullError:
+                txn.abort()
+                with self.lock.writing():
+                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except BaseException:
+                txn.abort()
+                raise
+
+    # --- metadata -------------------------------------------------------------------------------
+
+    def meta(self, txn: lmdb.Transaction, key: str, default: Any = None) -> Any:
+        """A JSON metadata value (or a counter), `default` when absent."""
+        raw = txn.get(key.encode(), db=self.dbs["metadata"])
+        if raw is None:
+            return default
+        return int.from_bytes(raw, "big") if key in COUNTERS else json.loads(raw)
+
+    def put_meta(self, txn: lmdb.Transaction, key: str, value: Any) -> None:
+        """Set a JSON metadata value (or a counter)."""
+        raw = value.to_bytes(8, "big") if key in COUNTERS else json.dumps(value, sort_keys=True).encode()
+        txn.put(key.encode(), raw, db=self.dbs["metadata"])
+
+    def version(self, txn: lmdb.Transaction) -> int:
+        """The number of committed writes."""
+        raw = txn.get(b"version", db=self.dbs["metadata"])
+        return int.from_bytes(raw, "big") if raw else 0
+
+    # --- items and vectors ----------------------------------------------------------------------
+
+    def item(self, txn: lmdb.Transaction, item_id: int) -> ItemRecord | None:
+        """The record of an id, None when absent."""
+        raw = txn.get(id_key(item_id), db=self.dbs["items"])
+        return None if raw is None else ItemRecord.decode(raw)
+
+    def records(self, txn: lmdb.Transaction, ids: np.ndarray | None = None) -> Iterator[tuple[int, ItemRecord]]:
+        """(id, record) of `ids`, or of every item in id order."""
+        if ids is not None:
+            for i in ids:
+                yield int(i), self.item(txn, int(i))
+            return
+        for key, raw in txn.cursor(db=self.dbs["items"]):
+            yield key_id(key), ItemRecord.decode(raw)
+
+    def vectors(self, txn: lmdb.Transaction, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, N x dim float32 embeddings) of `ids`, or of every item in id order."""
+        db = self.dbs["embeddings"]
+        if ids is None:
+            pairs = list(txn.cursor(db=db))
+            ids = np.array([key_id(k) for k, _ in pairs], dtype=np.int64)
+            blobs = [v for _, v in pairs]
+        else:
+            ids = np.asarray(ids, dtype=np.int64)
+            blobs = [txn.get(id_key(int(i)), db=db) for i in ids]
+        if not blobs:
+            return ids, np.zeros((0, int(self.meta(txn, "model", {}).get("dim", 0))), np.float32)
+        return ids, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+
+    def ids(self, txn: lmdb.Transaction, db: str) -> np.ndarray:
+        """The ids that are keys of named database `db`, in order."""
+        return np.array([key_id(k) for k in txn.cursor(db=self.dbs[db]).iternext(values=False)], dtype=np.int64)
+
+    def count(self, txn: lmdb.Transaction, db: str = "items") -> int:
+        """Entries of a named database."""
+        return int(txn.stat(self.dbs[db])["entries"])
+
+    # --- change log -----------------------------------------------------------------------------
+
+    def append_log(self, txn: lmdb.Transaction, version: int, op: bytes, ids: np.ndarray) -> None:
+        """Record that write `version` added (ADD) or removed (REMOVE) `ids`."""
+        txn.put(id_key(version), op + np.asarray(ids, dtype="<i8").tobytes(), db=self.dbs["log"])
+
+    def log_since(self, txn: lmdb.Transaction, after: int, upto: int) -> list[tuple[bytes, np.ndarray]] | None:
+        """The changes of writes after..upto, in order (a write that changed no item has none);
+        None when the log was pruned past `after` (load the faiss file again instead)."""
+        if after < self.meta(txn, "log_pruned_to", 0):
+            return None
+        cursor = txn.cursor(db=self.dbs["log"])
+        changes = []
+        if cursor.set_range(id_key(after + 1)):
+            for key, raw in cursor:
+                if key_id(key) > upto:
+                    break
+                changes.append((bytes(raw[:1]), np.frombuffer(raw[1:], dtype="<i8").astype(np.int64)))
+        return changes
+
+    def prune_log(self, txn: lmdb.Transaction, upto: int) -> None:
+        """Drop the log entries of writes up to `upto` (a faiss file at a later version exists)."""
+        cursor = txn.cursor(db=self.dbs["log"])
+        while cursor.first() and key_id(cursor.key()) <= upto:
+            cursor.delete()
+        self.put_meta(txn, "log_pruned_to", max(upto, self.meta(txn, "log_pruned_to", 0)))
+
+    def used_bytes(self) -> int:
+        """Bytes of the LMDB file in use (pages up to the last one written)."""
+        return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+

@@ -1,0 +1,127 @@
+"""A gallery's searchable state at one committed LMDB version: the faiss index (and its GPU replica),
+its description and tuned parameters, the removed ids an index cannot drop, and the catalog.
+It is loaded from the newest faiss file and moved forward by replaying the LMDB change log; the
+caller holds the store's lock exclusively while it changes, shared while it searches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import faiss
+import lmdb
+import numpy as np
+
+from .catalog import Catalog
+from .faiss_files import load_index
+from .faiss_index import describe, search_params, set_param, to_device
+from .layout import ADD, Store
+
+
+class Newer(Exception):
+    """The faiss file on disk is newer than the transaction in hand: take a fresh one."""
+
+
+def net_changes(changes: list[tuple[bytes, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(added, removed) over a run of log entries: ids added then removed cancel (ids are never reused)."""
+    empty = np.zeros(0, np.int64)
+    added = np.concatenate([ids for op, ids in changes if op == ADD] or [empty])
+    removed = np.concatenate([ids for op, ids in changes if op != ADD] or [empty])
+    return np.setdiff1d(added, removed), np.setdiff1d(removed, added)
+
+
+@dataclass
+class IndexState:
+    """The faiss index and catalog of one version; `search_index` is the device replica searches use."""
+
+    index: faiss.Index
+    search_index: faiss.Index
+    info: dict
+    header: dict
+    tombstones: np.ndarray
+    catalog: Catalog
+    version: int
+    generation: int
+    device: str
+    selectors: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, db: Path, store: Store, txn: lmdb.Transaction, model: dict, device: str) -> IndexState:
+        """The newest faiss file brought up to the version of `txn` (Newer if the file is past it)."""
+        version, generation = store.version(txn), store.meta(txn, "generation", 0)
+        loaded = load_index(db)
+        if loaded is None:
+            raise ValueError(f"{db} has no faiss index: run `metricsearch index rebuild --db {db}`")
+        index, header = loaded
+        if header["version"] > version:
+            raise Newer
+        if header["fingerprint"] != model["fingerprint"] or header["dim"] != model["dim"]:
+            raise ValueError(f"{db}: the faiss index was built for another model or dimension "
+                             f"({header['dim']}-d); run `metricsearch index rebuild --db {db}`")
+        changes = store.log_since(txn, header["version"], version)
+        if changes is None:
+            raise ValueError(f"{db}: the faiss file (write {header['version']}) is older than the change log "
+                             f"reaches; run `metricsearch index rebuild --db {db}`")
+        for name, value in header["params"].items():
+            set_param(index, name, value)
+        state = cls(index, to_device(index, device), describe(index), header, store.ids(txn, "tombstones"),
+                    Catalog.of(store.records(txn)), version, generation, device)
+        state.apply(store, txn, changes, version, catalog_current=True)
+        return state
+
+    def advance(self, db: Path, store: Store, txn: lmdb.Transaction, model: dict) -> IndexState:
+        """This state moved to the version of `txn` by the change log, or a fresh load when the log does
+        not reach back far enough or the index was rebuilt."""
+        version, generation = store.version(txn), store.meta(txn, "generation", 0)
+        if version == self.version:
+            return self
+        changes = store.log_since(txn, self.version, version) if generation == self.generation else None
+        if changes is None:
+            return IndexState.load(db, store, txn, model, self.device)
+        self.apply(store, txn, changes, version)
+        return self
+
+    def apply(self, store: Store, txn: lmdb.Transaction, changes: list, version: int,
+              catalog_current: bool = False) -> None:
+        """Apply log entries to the index (and, unless it is already current, to the catalog)."""
+        added, removed = net_changes(changes)
+        if len(removed) and self.info["removable"]:
+            self.index.remove_ids(faiss.IDSelectorBatch(removed))
+            if self.search_index is not self.index:
+                self.search_index = to_device(self.index, self.device)
+        elif len(removed):
+            self.tombstones = np.union1d(self.tombstones, removed)
+        if len(added):
+            _, vectors = store.vectors(txn, added)
+            self.index.add_with_ids(vectors, added)
+            if self.search_index is not self.index:
+                self.search_index.add_with_ids(vectors, added)
+        if not catalog_current:
+            self.catalog = self.catalog.removed(removed).added(store.records(txn, added))
+        self.version, self.selectors = version, {}
+
+    def search(self, x: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids) of the k nearest, only `label` items when given, removed ids never."""
+        selector = self.selector(label)
+        if selector is None:
+            return self.search_index.search(x, k)
+        return self.index.search(x, k, params=search_params(self.info, self.header["params"], selector[0]))
+
+    def selector(self, label: str | None) -> tuple | None:
+        """(faiss id selector, the selectors it points to) for a label filter and dead ids; cached."""
+        if label is None and not len(self.tombstones):
+            return None
+        cached = self.selectors.get(label)
+        if cached is None:
+            refs: list = []
+            selector = None
+            if label is not None:
+                selector = faiss.IDSelectorBatch(self.catalog.label_ids(label))
+                refs.append(selector)
+            if len(self.tombstones):
+                dead = faiss.IDSelectorBatch(self.tombstones)
+                alive = faiss.IDSelectorNot(dead)
+                refs += [dead, alive]
+                selector = alive if selector is None else faiss.IDSelectorAnd(selector, alive)
+            cached = self.selectors[label] = (selector, refs)
+        return cached
