@@ -42,19 +42,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_metrics(result: dict) -> None:
-    for k, v in result["recall_at_k"].items():
-        print(f"Recall@{k:<5} {v:.4f}")
+def format_metrics(result: dict) -> str:
+    """An evaluation result as aligned text lines: Recall@K, NMI, MAP@R, queries, one-shot accuracy."""
+    lines = [f"Recall@{k:<5} {v:.4f}" for k, v in result["recall_at_k"].items()]
     if result["nmi"] is not None:
-        print(f"NMI          {result['nmi']:.4f}")
-    print(f"MAP@R        {result['map_at_r']:.4f}\nqueries      {result['n_queries']}")
+        lines.append(f"NMI          {result['nmi']:.4f}")
+    lines += [f"MAP@R        {result['map_at_r']:.4f}", f"queries      {result['n_queries']}"]
     for key in (k for k in result if k.startswith(("one_shot", "recall_at_10_vs"))):
         value = result[key]
         if isinstance(value, dict):  # a protocol's error and its 95% confidence interval
             low, high = value["ci95"]
-            print(f"{key:<12} error {value['error']:.4f} (95% CI {low:.4f}-{high:.4f}, {value['episodes']} episodes)")
+            lines.append(f"{key:<12} error {value['error']:.4f} (95% CI {low:.4f}-{high:.4f}, "
+                         f"{value['episodes']} episodes)")
         else:
-            print(f"{key:<12} {value:.4f}")
+            lines.append(f"{key:<12} {value:.4f}")
+    return "\n".join(lines)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -78,7 +80,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        _print_metrics(result)
+        print(format_metrics(result))
     return 0
 
 
@@ -139,12 +141,29 @@ def _cmd_inspect_loss(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from metricsearch.app.web import parse_auth, serve
+
+    serve(args.db, args.host, args.port, auth=parse_auth(args.auth, args.auth_file),
+          max_upload_mb=args.max_upload_mb, concurrency=args.concurrency,
+          max_pixels=int(args.max_megapixels * 1_000_000))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from metricsearch.app.demo import run_demo
+
+    run_demo(args.dataset, args.workdir, serve=not args.no_serve, host=args.host, port=args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(
         prog="metricsearch", formatter_class=fmt,
-        description="Train an image embedding with deep metric learning, export it to ONNX, evaluate it.",
+        description="Train an image embedding with deep metric learning, export it to ONNX, evaluate it, "
+                    "index a gallery and serve a visual search page.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -219,7 +238,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-class", type=int, default=8, help="images per class in the batch")
     p.add_argument("--dim", type=int, default=64, help="embedding dimension of a random batch")
     p.add_argument("--seed", type=int, default=0, help="seed of the batch")
+
+    p = add("serve", _cmd_serve, "Serve the visual search page (and its /search API) for a gallery; prints the URL.")
+    p.add_argument("--db", required=True, help="gallery folder (made by `metricsearch index`)")
+    _add_address(p)
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--auth", metavar="USER:PASS", help="require this login (others on the machine can see "
+                     "it in `ps`: prefer --auth-file); without --auth or --auth-file the page needs no login")
+    who.add_argument("--auth-file", metavar="FILE", help="require a login from FILE: one USER:PASS per line")
+    p.add_argument("--max-upload-mb", type=float, default=10, help="largest upload accepted, in MB")
+    p.add_argument("--max-megapixels", type=float, default=25, help="largest query image accepted, in megapixels")
+    p.add_argument("--concurrency", type=int, default=4, help="searches run at once; requests that arrive "
+                   "together share one inference call")
+
+    p = add("demo", _cmd_demo, "The whole chain, offline: train, export to ONNX, index the test classes, "
+            "print the evaluation and a sample search, then serve the page. A second run reuses what is there.")
+    p.add_argument("--dataset", default="digits", help="data set spec (e.g. omniglot:../shared/data/omniglot)")
+    p.add_argument("--workdir", default="metricsearch-demo", help="folder for the run, model and gallery")
+    p.add_argument("--no-serve", action="store_true", help="stop after the printout (for CI and scripts)")
+    _add_address(p)
     return parser
+
+
+def _add_address(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes the page to the network)")
+    p.add_argument("--port", type=int, default=7860, help="port to listen on")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

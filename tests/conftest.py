@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,54 @@ def digits_onnx(digits_run, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from metricsearch.train import export_onnx
 
     return export_onnx(digits_run.run_dir, tmp_path_factory.mktemp("onnx") / "digits.onnx").path
+
+
+@pytest.fixture(scope="session")
+def digits_gallery(digits_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits test classes indexed with the session's digits model, once per test session."""
+    from metricsearch.index import build_gallery
+
+    db = tmp_path_factory.mktemp("gallery") / "digits"
+    build_gallery(digits_onnx, "digits", db, split="test")
+    return db
+
+
+@pytest.fixture(scope="session")
+def gallery_items(digits_gallery: Path) -> list:
+    """(id, label, thumbnail as a PIL image) of 8 items of the digits gallery, two labels alternating."""
+    import io
+
+    from PIL import Image
+
+    from metricsearch.index import Gallery
+
+    with Gallery.open(digits_gallery) as gallery:
+        by_label: dict = {}
+        for item_id in gallery.catalog.ids.tolist():
+            label = gallery.item(item_id)["label"]
+            if len(by_label.setdefault(label, [])) < 4:
+                by_label[label].append((item_id, label, Image.open(io.BytesIO(gallery.thumbnail(item_id))).copy()))
+        first, second = list(by_label.values())[:2]
+    return [item for pair in zip(first, second) for item in pair]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def server(digits_gallery: Path):
+    """The search page on 127.0.0.1 over the digits gallery (1 MB upload limit), for client and browser tests."""
+    from metricsearch.app.web import serve
+
+    running = serve(digits_gallery, port=_free_port(), max_upload_mb=1, block=False, log=lambda _: None)
+    yield running
+    running.close()

@@ -13,7 +13,7 @@ from PIL import Image
 
 from metricsearch.app.cli import build_parser, main
 
-COMMANDS = ["train", "export", "evaluate", "datasets", "losses", "samplers", "inspect-loss"]
+COMMANDS = ["train", "export", "evaluate", "datasets", "losses", "samplers", "inspect-loss", "serve", "demo"]
 
 
 def make_folder(root: Path, classes: dict[str, int], seed: int = 0) -> Path:

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: modules that must never import torch or metricsearch.train (directly or through their imports)
 TORCH_FREE = ["metricsearch.data", "metricsearch.evaluation", "metricsearch.models",
               "metricsearch.models.onnx_embedder", "metricsearch.models.embed", "metricsearch.index",
-              "metricsearch.app.cli"]
+              "metricsearch.app.cli", "metricsearch.app.web"]
 #: which layers each layer may import
 ALLOWED = {
     "data": {"data"},
@@ -96,3 +96,22 @@ def test_training_commands_without_torch_name_the_extra(command: list[str], tmp_
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'metricsearch[train]'" in lines[0], done.stderr
+
+
+def test_the_search_page_serves_without_torch(digits_gallery: Path, gallery_items, tmp_path: Path,
+                                             free_port: int) -> None:
+    item_id, _, image = gallery_items[0]
+    image.save(tmp_path / "query.png")
+    code = f"""
+from gradio_client import Client, handle_file
+from metricsearch.app.web import serve
+server = serve({str(digits_gallery)!r}, port={free_port}, block=False, log=lambda _: None)
+hits = Client(server.url, verbose=False, download_files=False).predict(handle_file('query.png'), 3, api_name='/search')[1]
+server.close()
+assert sys.modules.get('torch') is None
+assert not any(m == 'metricsearch.train' or m.startswith('metricsearch.train.') for m in sys.modules)
+print(hits[0]['id'])
+"""
+    done = _run_without_torch(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == str(item_id)

@@ -1,0 +1,145 @@
+"""`metricsearch demo`: the whole chain on one data set, offline: train, export, index, evaluate, search, serve.
+
+Everything goes under one work folder (run/, model.onnx, gallery/, demo.json); a second run
+reuses each finished step and says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import metricsearch
+
+STATE_FILE = "demo.json"
+CONFIGS = Path(metricsearch.__file__).resolve().parent / "configs"
+
+
+@dataclass
+class DemoResult:
+    """What a demo made and measured: paths, the test-split metrics, a sample search, the reused steps."""
+
+    workdir: Path
+    run_dir: Path
+    model: Path
+    db: Path
+    metrics: dict[str, Any]
+    sample: list[dict[str, Any]]
+    reused: list[str] = field(default_factory=list)
+
+
+class _State:
+    """demo.json: the data set the folder belongs to and what each finished step left."""
+
+    def __init__(self, workdir: Path, dataset: str) -> None:
+        self.path = workdir / STATE_FILE
+        self.data: dict[str, Any] = {"dataset": dataset, "steps": {}}
+        if self.path.is_file():
+            saved = json.loads(self.path.read_text())
+            if saved.get("dataset") != dataset:
+                raise ValueError(f"{workdir} holds the demo of {saved.get('dataset')!r}, not {dataset!r}: "
+                                 "pass another --workdir")
+            self.data = saved
+
+    def done(self, step: str, *outputs: Path) -> Any:
+        """What a finished step saved, or None if it has to run (or its outputs are gone)."""
+        saved = self.data["steps"].get(step)
+        return saved if saved is not None and all(p.exists() for p in outputs) else None
+
+    def finish(self, step: str, value: Any) -> None:
+        self.data["steps"][step] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=2))
+
+
+def demo_config(dataset: str, workdir: Path) -> dict[str, Any]:
+    """The training config for `dataset`: configs/NAME.yaml when there is one, else the digits recipe."""
+    from metricsearch.train import load_config
+
+    recipe = CONFIGS / f"{dataset.partition(':')[0]}.yaml"
+    config = load_config(recipe if recipe.is_file() else None)
+    config.update(dataset=dataset, output_dir=str(workdir), name="run")
+    return config
+
+
+def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo", *, serve: bool = True,
+             host: str = "127.0.0.1", port: int = 7860, log: Callable[[str], None] = print) -> DemoResult:
+    """Train, export, index the test classes, evaluate, search once, then (with `serve`) serve the page."""
+    from metricsearch.index import build_gallery, evaluate_gallery
+    from metricsearch.train import export_onnx, train
+
+    workdir = Path(workdir)
+    state = _State(workdir, dataset)
+    run_dir, model, db = workdir / "run", workdir / "model.onnx", workdir / "gallery"
+    reused: list[str] = []
+    ran: list[str] = []
+    again = "(delete it to redo this step and the ones after it)"
+
+    def reuse(n: int, name: str, saved: Any, what: str) -> bool:
+        """Whether step `name` can keep what an earlier demo left (never after a step that ran again)."""
+        if saved is None or ran:
+            ran.append(name)
+            return False
+        reused.append(name)
+        log(f"[{n}/5] {name}: reusing {what}")
+        return True
+
+    if not reuse(1, "train", state.done("train", run_dir), f"the run {run_dir} {again}"):
+        log(f"[1/5] train: {dataset} into {run_dir}")
+        resume = (run_dir / "last.pt").is_file()  # a run cut short goes on where it stopped
+        result = train(demo_config(dataset, workdir), resume=resume, overwrite=not resume, progress=True)
+        state.finish("train", {"best_recall_at_1": result.best_recall_at_1, "epochs": result.epochs})
+    if not reuse(2, "export", state.done("export", model), f"the model {model} {again}"):
+        log(f"[2/5] export: {model}")
+        state.finish("export", {"max_abs_diff": export_onnx(run_dir, model).max_abs_diff})
+    if not reuse(3, "index", state.done("index", db), f"the gallery {db} {again}"):
+        log(f"[3/5] index: the test classes of {dataset} into {db}")
+        new_model = len(ran) > 1  # a new model makes a new gallery; else a build cut short goes on
+        summary = build_gallery(model, dataset, db, split="test", resume=not new_model and db.exists(),
+                                overwrite=new_model)
+        state.finish("index", {"count": summary.count, "failed": summary.failed, "index": summary.index})
+    metrics = state.done("evaluate", state.path)
+    if not reuse(4, "evaluate", metrics, f"the evaluation saved in {state.path}"):
+        log(f"[4/5] evaluate: every item of {db} searches the others through the index")
+        metrics = evaluate_gallery(db)
+        state.finish("evaluate", metrics)
+    log(_format_metrics(metrics))
+    sample, examples = _sample_search(dataset, db, log)
+    result = DemoResult(workdir, run_dir, model, db, metrics, sample, reused)
+    if serve:
+        from metricsearch.app.web import serve as serve_page
+
+        log(f"[5/5] serve: {db}")
+        serve_page(db, host, port, examples=examples, log=log)
+    return result
+
+
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    from metricsearch.app.cli import format_metrics
+
+    return "evaluation on the test classes (each gallery item queries the others):\n" + format_metrics(metrics)
+
+
+def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 5) -> tuple[list[dict], list]:
+    """Searches with the first test image of each class (printed); those images are the page's examples."""
+    from metricsearch.data import load_split
+    from metricsearch.index import Gallery
+
+    test = load_split(dataset).test
+    first: dict[int, int] = {}
+    for i, label in enumerate(test.labels.tolist()):
+        first.setdefault(label, i)
+    rows = list(first.items())[:8]
+    examples = [test.load(i) for _, i in rows]
+    with Gallery.open(db) as gallery:
+        found = gallery.search(examples, k)
+    sample = [{"query_label": test.class_names[label], "hits": [h.to_dict() for h in hits]}
+              for (label, _), hits in zip(rows, found)]
+    lines = [f"sample searches: the first test image of each class and its {k} nearest (label score #id); "
+             "the image itself is in the gallery, so it comes first:"]
+    lines += [f"  {row['query_label']:>8}: " + " | ".join(f"{h['label']} {h['score']:.3f} #{h['id']}" for h in row["hits"])
+              for row in sample]
+    log("\n".join(lines))
+    return sample, examples

@@ -1,0 +1,68 @@
+"""Merging concurrent inference calls into one batch, without making any caller wait for a timer."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Callable, Generic, Sequence, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class Coalescer(Generic[Item, Result]):
+    """Calls `fn(items) -> results` (one result per item) for items submitted from many threads.
+
+    A caller that finds no call running runs `fn` at once on everything waiting (its own item
+    included, up to `max_batch`); callers that arrive meanwhile wait, and one of them runs the
+    next call on all of them. So a lone request never waits for a timer, requests that arrive
+    together share one inference call, and no caller serves other callers' batches for long.
+    An exception raised by `fn` goes to the callers of that call, and only to them.
+    """
+
+    def __init__(self, fn: Callable[[list[Item]], Sequence[Result]], max_batch: int = 32) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self._fn = fn
+        self._max_batch = max_batch
+        self._cond = threading.Condition()
+        self._pending: list[tuple[Item, Future]] = []
+        self._running = False
+        #: sizes of the latest batches (at most 1000), newest last: how much merging happened
+        self.batch_sizes: list[int] = []
+
+    def __call__(self, item: Item) -> Result:
+        """The result of `item`, computed in one call together with whatever else is waiting."""
+        future: Future = Future()
+        with self._cond:
+            self._pending.append((item, future))
+        while not future.done():
+            with self._cond:
+                while self._running and not future.done():
+                    self._cond.wait()
+                if future.done():
+                    break
+                self._running = True
+                batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
+                self.batch_sizes = self.batch_sizes[-999:] + [len(batch)]
+            try:
+                self._run(batch)
+            finally:
+                with self._cond:
+                    self._running = False
+                    self._cond.notify_all()
+        return future.result()
+
+    def _run(self, batch: list[tuple[Item, Future]]) -> None:
+        try:
+            results = list(self._fn([item for item, _ in batch]))
+            if len(results) != len(batch):
+                raise RuntimeError(f"batch function returned {len(results)} results for {len(batch)} items")
+        except BaseException as exc:  # every caller in the batch must be woken, whatever happened
+            for _, future in batch:
+                future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), result in zip(batch, results):
+            future.set_result(result)

@@ -1,0 +1,181 @@
+"""The search page's event handlers: plain methods over one open gallery, testable without a server.
+
+Each handler takes what a Gradio component sends (an upload, the image editor's value, a number,
+a label) and returns what the output components show. Queries are decoded by
+`metricsearch.data.load_image` (pixel limit, friendly reason); thumbnails come from the gallery's
+LMDB as bytes, never from a file path. Concurrent queries share one inference call.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tempfile
+import threading
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from gradio.utils import get_upload_folder
+import numpy as np
+from PIL import Image
+
+from metricsearch.app.web.batching import Coalescer
+from metricsearch.data import UnreadableImageError, load_image
+
+#: the largest query accepted, in pixels (a 25-megapixel photo; larger uploads are refused)
+DEFAULT_QUERY_MAX_PIXELS = 25_000_000
+#: the label filter's value meaning "every label"
+ALL_LABELS = ""
+
+#: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
+ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
+         "search_params": "search setting", "tuning": "measured recall", "device": "device"}
+
+
+@lru_cache(maxsize=1)
+def _placeholder() -> bytes:
+    """A grey square, for galleries built without thumbnails."""
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 200, 200)).save(out, "PNG")
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class Query:
+    """One decoded query: its image, how many neighbours, and an optional label to keep."""
+
+    image: Image.Image
+    k: int
+    label: str | None
+
+
+def _field(value: Any, key: str) -> Any:
+    return value.get(key) if isinstance(value, Mapping) else getattr(value, key, None)
+
+
+def _file_of(value: Any) -> tuple[str | None, str]:
+    """(path, name to show) of what an Image or ImageEditor component sent, unprocessed."""
+    if isinstance(value, (str, Path)):
+        return str(value), Path(value).name
+    if _field(value, "layers") is not None:  # the image editor: search its composite (the crop)
+        value = _field(value, "composite")
+    path = _field(value, "path")
+    return (str(path) if path else None), _field(value, "orig_name") or "upload"
+
+
+class SearchHandlers:
+    """The page's handlers over an open gallery (`search`, `thumbnail`, `info`, `labels`)."""
+
+    def __init__(self, gallery: Any, *, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS, max_k: int = 50,
+                 max_batch: int = 32) -> None:
+        self.gallery = gallery
+        self.max_pixels = max_pixels
+        self.max_k = max_k
+        self.labels = [str(label) for label in gallery.labels()]
+        self._search = Coalescer(self._search_batch, max_batch)
+        #: where thumbnails are written, once each, from the LMDB: Gradio's own upload folder, which it
+        #: serves anyway (a PIL image would be re-encoded and hashed on every answer instead)
+        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=get_upload_folder()))
+        self._thumbnails: dict[int, Path] = {}
+
+    # -- the work ------------------------------------------------------------------------------
+
+    def _search_batch(self, queries: list[Query]) -> list[list[Any]]:
+        """Hits of several queries: one embedding call for all, one index search per label filter."""
+        vectors = np.asarray(self.gallery.embed([q.image for q in queries]), dtype=np.float32)
+        by_label: dict[str | None, list[int]] = defaultdict(list)
+        for i, q in enumerate(queries):
+            by_label[q.label].append(i)
+        out: list[list[Any]] = [[] for _ in queries]
+        for label, rows in by_label.items():
+            k = max(queries[i].k for i in rows)
+            for i, hits in zip(rows, self.gallery.search(vectors[rows], k, label=label)):
+                out[i] = list(hits)[:queries[i].k]
+        return out
+
+    def thumbnail(self, item_id: int) -> Path:
+        """The file of an item's thumbnail, written from the gallery's LMDB the first time it is asked for."""
+        path = self._thumbnails.get(item_id)
+        if path is None or not path.is_file():  # new, or cleared by Gradio's cache expiry
+            data = self.gallery.thumbnail(item_id) or _placeholder()
+            path = self.thumbnail_dir / f"{item_id}.{Image.open(io.BytesIO(data)).format.lower()}"
+            staging = path.with_name(f".{path.name}.{threading.get_ident()}")
+            staging.write_bytes(data)
+            staging.replace(path)
+            self._thumbnails[item_id] = path
+        return path
+
+    def decode(self, value: Any) -> Image.Image:
+        """The query image a component sent (path, FileData, editor value or PIL image), or gr.Error saying why not."""
+        if isinstance(value, Image.Image):
+            return load_image(value, max_pixels=self.max_pixels)
+        path, name = _file_of(value)
+        if not path:
+            raise gr.Error("No image to search: upload, paste or take a webcam shot (a file that the query box "
+                           "cannot show is not an image it can read).", print_exception=False)
+        try:
+            return load_image(Path(path), max_pixels=self.max_pixels)
+        except UnreadableImageError as exc:
+            reason = str(exc).replace(path, name)
+            raise gr.Error(f"Cannot search with this file. {reason}", print_exception=False) from None
+
+    def query(self, value: Any, k: Any = 10, label: Any = ALL_LABELS) -> Query:
+        """A checked query from raw component values."""
+        try:
+            k = int(k)
+        except (TypeError, ValueError):
+            raise gr.Error(f"k must be a whole number, got {k!r}", print_exception=False) from None
+        if not 1 <= k <= self.max_k:
+            raise gr.Error(f"k must be between 1 and {self.max_k}, got {k}", print_exception=False)
+        label = None if label in (None, ALL_LABELS) else str(label)
+        if label is not None and label not in self.labels:
+            raise gr.Error(f"no label {label!r} in this gallery", print_exception=False)
+        return Query(self.decode(value), k, label)
+
+    def results(self, hits: Sequence[Any]) -> tuple[list[tuple[Path, str]], list[dict[str, Any]]]:
+        """The results gallery (thumbnail, caption) and the JSON list (id, score, label) of some hits."""
+        table = [{"id": int(h.id), "score": round(float(h.score), 4), "label": h.label} for h in hits]
+        thumbs = [(str(self.thumbnail(row["id"])), f"{row['label'] or '-'} · {row['score']:.3f} · #{row['id']}")
+                  for row in table]
+        return thumbs, table
+
+    # -- the handlers --------------------------------------------------------------------------
+
+    def search(self, image: Any, k: Any = 10, label: Any = ALL_LABELS):
+        """The `/search` endpoint and the Search button: thumbnails with captions, and the hits as JSON."""
+        return self.results(self._search(self.query(image, k, label)))
+
+    def search_id(self, hits: list[dict[str, Any]] | None, k: Any, label: Any, evt: gr.SelectData):
+        """A click on a result: that result's thumbnail becomes the query, and is searched."""
+        if not hits or evt.index is None or not 0 <= int(evt.index) < len(hits):
+            raise gr.Error("That result is gone: search again.", print_exception=False)
+        path = str(self.thumbnail(int(hits[int(evt.index)]["id"])))
+        return (path, *self.search(path, k, label))
+
+    def about(self) -> str:
+        """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
+        info = dict(self.gallery.info())
+        if not info.get("search_params") and info.get("exact"):
+            info["search_params"] = "exact search"
+        tuning = info.get("tuning") or {}
+        if "recall_at_10" in tuning:
+            info["tuning"] = f"recall@10 {tuning['recall_at_10']} (target {tuning.get('target', '-')})"
+        rows = []
+        for key, name in ABOUT.items():
+            value = info.get(key)
+            if key == "model" and value:
+                value = Path(str(value)).name
+            if isinstance(value, Mapping):
+                value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+            if value is not None:
+                rows.append(f"- **{name}**: `{value}`")
+        return "\n".join(rows)
+
+    def close(self) -> None:
+        """Delete the thumbnail files (the gallery stays open)."""
+        shutil.rmtree(self.thumbnail_dir, ignore_errors=True)

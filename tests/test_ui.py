@@ -1,0 +1,216 @@
+"""The search page: handlers as plain functions over a real gallery, then a real server on 127.0.0.1
+queried through gradio_client (good and bad queries, auth, upload limits, file routes)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import gradio as gr
+import httpx
+import numpy as np
+import pytest
+from gradio_client import Client, handle_file
+from PIL import Image
+
+from metricsearch.app.web import SearchHandlers, parse_auth, serve
+from metricsearch.app.web.batching import Coalescer
+
+
+# -- merging concurrent inference calls ---------------------------------------------------------
+
+def test_coalescer_merges_calls_that_arrive_together_and_keeps_results_apart() -> None:
+    calls: list[list[int]] = []
+    gate = threading.Event()
+
+    def square(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        if len(calls) == 1:
+            gate.wait(10)  # hold the first call so that the others queue up behind it
+        return [i * i for i in items]
+
+    batcher = Coalescer(square, max_batch=16)
+    with ThreadPoolExecutor(9) as pool:
+        first = pool.submit(batcher, 1)
+        while not calls:
+            time.sleep(0.001)
+        rest = [pool.submit(batcher, i) for i in range(2, 10)]
+        while sum(len(c) for c in calls) + len(batcher._pending) < 9:
+            time.sleep(0.001)
+        gate.set()
+        assert first.result() == 1 and [f.result() for f in rest] == [i * i for i in range(2, 10)]
+    assert calls[0] == [1] and sorted(sum(calls[1:], [])) == list(range(2, 10))
+    assert len(calls) == 2, calls  # the eight that waited shared one call
+
+
+def test_coalescer_gives_an_error_to_its_own_batch_only() -> None:
+    def fail_on_negative(items: list[int]) -> list[int]:
+        if any(i < 0 for i in items):
+            raise ValueError("negative")
+        return items
+
+    batcher = Coalescer(fail_on_negative, max_batch=4)
+    with pytest.raises(ValueError, match="negative"):
+        batcher(-1)
+    assert batcher(3) == 3
+
+
+def test_parse_auth(tmp_path: Path) -> None:
+    assert parse_auth() is None
+    assert parse_auth("ann:s3:cret") == [("ann", "s3:cret")]
+    users = tmp_path / "users"
+    users.write_text("# who may log in\nann:one\n\nbob:two\n")
+    assert parse_auth(auth_file=users) == [("ann", "one"), ("bob", "two")]
+    for bad in ("ann", "ann:", ":pw"):
+        with pytest.raises(ValueError, match="USER:PASS"):
+            parse_auth(bad)
+
+
+# -- the handlers, as plain functions over a real gallery ---------------------------------------
+
+@pytest.fixture(scope="module")
+def handlers(digits_gallery: Path):
+    from metricsearch.index import Gallery
+
+    with Gallery.open(digits_gallery) as gallery:
+        handlers = SearchHandlers(gallery)
+        yield handlers
+        handlers.close()
+    assert not handlers.thumbnail_dir.exists()
+
+
+def _png(tmp_path: Path, image: Image.Image, name: str = "query.png", size: int = 56) -> Path:
+    path = tmp_path / name
+    image.resize((size, size), Image.NEAREST).save(path)
+    return path
+
+
+def test_a_gallery_image_comes_back_first_with_its_label(handlers, gallery_items, tmp_path: Path) -> None:
+    item_id, label, image = gallery_items[0]
+    thumbs, table = handlers.search(str(_png(tmp_path, image)), 5)
+    assert [set(row) for row in table] == [{"id", "score", "label"}] * 5
+    assert table[0]["id"] == item_id and table[0]["label"] == label and table[0]["score"] > 0.99
+    assert [s for s in (row["score"] for row in table)] == sorted((row["score"] for row in table), reverse=True)
+    assert [Path(t).read_bytes() for t, _ in thumbs] == [handlers.gallery.thumbnail(row["id"]) for row in table]
+    assert all(Path(t).parent == handlers.thumbnail_dir for t, _ in thumbs)
+    assert thumbs[0][1] == f"{label} · {table[0]['score']:.3f} · #{item_id}"
+
+
+def test_label_filter_and_the_crop_editors_value(handlers, gallery_items, tmp_path: Path) -> None:
+    _, label, image = gallery_items[0]
+    other = next(lab for lab in handlers.labels if lab != label)
+    editor = {"background": None, "layers": [], "composite": {"path": str(_png(tmp_path, image))}}
+    _, table = handlers.search(editor, 7, other)
+    assert len(table) == 7 and {row["label"] for row in table} == {other}
+
+
+def test_clicking_a_result_searches_with_its_thumbnail(handlers, gallery_items) -> None:
+    _, table = handlers.search(gallery_items[1][2], 4)
+    query, _, again = handlers.search_id(table, 4, "", gr.SelectData(None, {"index": 2, "value": None}))
+    assert Path(query).read_bytes() == handlers.gallery.thumbnail(table[2]["id"]) and again[0]["id"] == table[2]["id"]
+
+
+@pytest.mark.parametrize("value, k, label, message", [
+    (None, 5, "", "No image to search"),
+    ("TEXT", 5, "", "Cannot search with this file. notes.txt: not an image"),
+    ("IMAGE", 0, "", "k must be between 1 and 50"),
+    ("IMAGE", 5, "no-such-label", "no label 'no-such-label'"),
+])
+def test_bad_queries_get_a_friendly_message(handlers, gallery_items, tmp_path: Path, value, k, label, message) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not an image")
+    value = {"TEXT": str(text), "IMAGE": gallery_items[0][2]}.get(value, value)
+    with pytest.raises(gr.Error) as info:
+        handlers.search(value, k, label)
+    assert message in info.value.message and str(tmp_path) not in info.value.message
+
+
+def test_the_pixel_limit_refuses_large_queries(handlers, tmp_path: Path) -> None:
+    small_limit = SearchHandlers(handlers.gallery, max_pixels=64 * 64)
+    big = tmp_path / "big.png"
+    Image.new("L", (65, 64)).save(big)
+    with pytest.raises(gr.Error, match="over the limit of 4096"):
+        small_limit.search(str(big))
+    small_limit.close()
+
+
+def test_about_panel_names_model_size_index_and_device(handlers) -> None:
+    about = handlers.about()
+    for field in ("- **model**: `", "- **dimension**: `128`", "- **items**: `896`", "- **index type**: `",
+                  "- **search setting**: `", "- **device**: `"):
+        assert field in about, about
+    assert str(handlers.gallery.db) not in about  # no server paths on the page
+
+
+# -- a real server on 127.0.0.1, through gradio_client ----------------------------------------
+
+def test_client_search_bad_upload_then_good_again(server, gallery_items, tmp_path: Path) -> None:
+    client = Client(server.url, verbose=False, download_files=False)
+    item_id, label, image = gallery_items[0]
+    query = handle_file(str(_png(tmp_path, image)))
+    thumbs, hits = client.predict(query, 3, api_name="/search")
+    assert hits[0] == {"id": item_id, "score": hits[0]["score"], "label": label} and hits[0]["score"] > 0.99
+    assert len(thumbs) == 3 and thumbs[0]["caption"].endswith(f"#{item_id}")
+    text = tmp_path / "notes.txt"
+    text.write_text("not an image")
+    with pytest.raises(Exception, match="notes.txt: not an image"):
+        client.predict(handle_file(str(text)), api_name="/search")
+    noise = tmp_path / "noise.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (700, 700, 3), dtype=np.uint8)).save(noise)
+    assert noise.stat().st_size > 1024 * 1024  # over the test server's --max-upload-mb 1
+    with pytest.raises(Exception):
+        client.predict(handle_file(str(noise)), api_name="/search")
+    _, hits = client.predict(query, api_name="/search")
+    assert len(hits) == 10 and hits[0]["id"] == item_id
+
+
+def test_eight_clients_at_once_get_what_one_client_gets(server, gallery_items, tmp_path: Path) -> None:
+    queries = [handle_file(str(_png(tmp_path, image, f"{item_id}.png"))) for item_id, _, image in gallery_items]
+    alone = Client(server.url, verbose=False, download_files=False)
+    expected = [alone.predict(query, 5, api_name="/search")[1] for query in queries]
+    assert [hits[0]["label"] for hits in expected] == [label for _, label, _ in gallery_items]
+
+    def one_client(n: int) -> list:
+        client = Client(server.url, verbose=False, download_files=False)
+        return [client.predict(query, 5, api_name="/search")[1] for query in queries[n % 2::2]]
+
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(one_client, range(8)))
+    for n, hits in enumerate(found):
+        assert hits == expected[n % 2::2]
+
+
+def test_nothing_outside_the_gallery_can_be_fetched(server, digits_gallery: Path, digits_onnx: Path) -> None:
+    secrets = ["/etc/passwd", str(digits_onnx), *map(str, sorted(digits_gallery.rglob("*.mdb")))]
+    assert len(secrets) >= 2
+    for secret in secrets:
+        for route in (f"file={secret}", f"gradio_api/file={secret}", f"gradio_api/file=../../../..{secret}",
+                      f"gradio_api/file=%2e%2e/%2e%2e/%2e%2e/%2e%2e{secret}", f"static/../../../..{secret}",
+                      f"assets/..%2f..%2f..%2f..{secret}"):
+            response = httpx.get(server.url + route, timeout=30)
+            assert response.status_code != 200 or Path(secret).read_bytes()[:64] not in response.content, route
+    # the API refuses files that were not uploaded to it, in every form and on every endpoint
+    passwd = {"path": "/etc/passwd", "meta": {"_type": "gradio.FileData"}}
+    for endpoint, query in [("search", passwd), ("search", "/etc/passwd"), ("search", {"path": "/etc/passwd"}),
+                            ("page_search", {"background": None, "layers": [], "composite": passwd}),
+                            ("page_search", "/etc/passwd")]:
+        call = httpx.post(f"{server.url}gradio_api/call/{endpoint}", json={"data": [query, 5, ""]}, timeout=30)
+        if call.status_code == 200:
+            events = httpx.get(f"{server.url}gradio_api/call/{endpoint}/{call.json()['event_id']}", timeout=30).text
+            assert "event: error" in events and "root:" not in events, (endpoint, query, events)
+
+
+def test_auth_refuses_a_wrong_password(digits_gallery: Path, gallery_items, tmp_path: Path, free_port: int) -> None:
+    guarded = serve(digits_gallery, port=free_port, auth=[("ann", "right")], block=False, log=lambda _: None)
+    try:
+        with pytest.raises(Exception, match="(?i)login"):
+            Client(guarded.url, verbose=False, auth=("ann", "wrong"))
+        assert httpx.get(guarded.url + "config", timeout=30).status_code in (401, 403)
+        client = Client(guarded.url, verbose=False, auth=("ann", "right"), download_files=False)
+        item_id, _, image = gallery_items[1]
+        assert client.predict(handle_file(str(_png(tmp_path, image))), 1, api_name="/search")[1][0]["id"] == item_id
+    finally:
+        guarded.close()
+
