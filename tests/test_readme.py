@@ -27,3 +27,14 @@ def test_python_api_example_runs(tmp_path: Path) -> None:
     best, r1, map_at_r = map(float, done.stdout.split())
     assert (tmp_path / "api.onnx").is_file() and (tmp_path / "runs" / "api" / "best.pt").is_file()
     assert abs(best - r1) <= 0.005 and 0.0 < map_at_r <= 1.0
+
+
+def test_web_page_client_example_runs(server, gallery_items, tmp_path: Path) -> None:
+    code = readme_block("Web page")
+    assert len([line for line in code.splitlines() if line.strip()]) <= 5
+    gallery_items[0][2].save(tmp_path / "query.png")
+    done = subprocess.run([sys.executable, "-c", code.replace("http://127.0.0.1:7860/", server.url)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]  # after the client's "Loaded as API" line
+    assert last.startswith(f"[{{'id': {gallery_items[0][0]}, 'score': "), done.stdout
