@@ -100,20 +100,40 @@ class Catalog:
         return self.names[code] if code >= 0 else None
 
     def hits(self, scores: np.ndarray, ids: np.ndarray) -> list[Hits]:
-        """Per query, its hits (faiss's padding ids -1 and unknown ids left out)."""
-        rows = self.rows(ids)
-        if rows.min(initial=0) >= 0:
-            return [Hits(self, rows[i], scores[i]) for i in range(len(rows))]
-        return [Hits(self, r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores)]
+        """Per query, its hits: faiss's (scores, ids) rows, resolved against this catalog when read."""
+        return [Hits(self, ids[i], scores[i]) for i in range(len(ids))]
 
 
 class Hits(Sequence[Hit]):
-    """One query's hits, nearest first: a sequence of Hit, built from the catalog when read."""
+    """One query's hits, nearest first: a sequence of Hit. It keeps faiss's raw result and the catalog
+    of the version searched, and resolves labels and paths when first read (padding ids left out)."""
 
-    __slots__ = ("catalog", "rows", "scores")
+    __slots__ = ("catalog", "_ids", "_scores", "_rows")
 
-    def __init__(self, catalog: Catalog, rows: np.ndarray, scores: np.ndarray) -> None:
-        self.catalog, self.rows, self.scores = catalog, rows, scores
+    def __init__(self, catalog: Catalog, ids: np.ndarray, scores: np.ndarray) -> None:
+        self.catalog, self._ids, self._scores, self._rows = catalog, ids, scores, None
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The hits' rows in the catalog."""
+        if self._rows is None:
+            rows = self.catalog.rows(self._ids)
+            if rows.size and rows.min() < 0:
+                keep = rows >= 0
+                rows, self._scores = rows[keep], self._scores[keep]
+            self._rows = rows
+        return self._rows
+
+    @property
+    def scores(self) -> np.ndarray:
+        """The hits' scores (inner products of unit vectors: cosine similarity)."""
+        _ = self.rows
+        return self._scores
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The hits' ids."""
+        return self.catalog.ids[self.rows]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -125,14 +145,8 @@ class Hits(Sequence[Hit]):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        row = int(self.rows[i])
-        c = self.catalog
+        row, c = int(self.rows[i]), self.catalog
         return Hit(int(c.ids[row]), float(self.scores[i]), c.label_of(row), c.paths[row])
-
-    @property
-    def ids(self) -> np.ndarray:
-        """The hits' ids as an array."""
-        return self.catalog.ids[self.rows]
 
     def to_list(self) -> list[dict]:
         """[{"id", "score", "label", "path"}, ...] for JSON."""

@@ -1,8 +1,8 @@
 """`Gallery.open(DIR)`: a built gallery, opened once and searched from many threads.
 
 The faiss index is loaded from its newest file and brought up to the LMDB's committed version
-by replaying the change log; every search first checks that version, and catches up when another
-thread or process has committed since. A search runs on one (faiss index, catalog) pair of one
+by replaying the change log. Writes through this object update it at once; a search checks the
+LMDB's version (at most once a millisecond) and catches up when another process has committed. A search runs on one (faiss index, catalog) pair of one
 version, under a shared lock that changes take exclusively: it sees a batch whole or not at all.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,6 +31,7 @@ from .pipeline import ReadSettings, decode, normalized, read_bytes
 
 log = logging.getLogger("metricsearch.index")
 LOG_KEEP = 10_000  # commits of change log kept behind the faiss file, for readers that lag
+RECHECK_S = 0.001  # a search checks the LMDB for other processes' commits at most this often
 
 
 def file_sha256(path: str | Path) -> str:
@@ -79,6 +81,7 @@ class Gallery:
         self._embedder: OnnxEmbedder | None = None
         self._embedder_lock = threading.Lock()
         self._state: IndexState | None = None
+        self._checked_at = -1.0
         self.refresh()
 
     @classmethod
@@ -132,6 +135,7 @@ class Gallery:
                         self._state = IndexState.load(self.db, self.store, txn, self.model_info, self.faiss_device)
                     else:
                         self._state = self._state.advance(self.db, self.store, txn, self.model_info)
+                    self._checked_at = time.monotonic()
                     return
                 except Newer:
                     continue
@@ -153,10 +157,14 @@ class Gallery:
         while True:
             lock.acquire_read()
             try:
-                txn = self.store.begin()
-                state = self._state
-                current = self.store.version(txn) == state.version
-                txn.abort()
+                state, now = self._state, time.monotonic()
+                current = now - self._checked_at < RECHECK_S
+                if not current:  # at most once per RECHECK_S: has another process committed?
+                    txn = self.store.begin()
+                    current = self.store.version(txn) == state.version
+                    txn.abort()
+                    if current:
+                        self._checked_at = now
                 if current:
                     catalog = state.catalog
                     scores, ids = state.search(x, k, label)

@@ -25,7 +25,7 @@ from metricsearch.data import DEFAULT_MAX_PIXELS, load_image_set
 from metricsearch.models import OnnxEmbedder
 
 from .faiss_files import save_index
-from .faiss_index import INDEX_DIR, build_index, choose_index, describe, select_device, tune
+from .faiss_index import INDEX_DIR, PQ_MIN, build_index, choose_index, describe, make_index, select_device, tune
 from .gallery import Gallery, check_model, file_sha256
 from .layout import FORMAT_VERSION, LMDB_DIR, Store
 from .locks import job_lock
@@ -167,12 +167,12 @@ def _existing(db: Path) -> bool:
 
 def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, settings: ReadSettings, request: str) -> None:
     """Copy the model into the gallery and write the metadata of a new gallery."""
+    make_index(choose_index(PQ_MIN, embedder.dim, request).factory, embedder.dim)  # a bad --index fails now
     tmp = db / (MODEL_FILE + ".tmp")
     shutil.copyfile(model, tmp)
     os.replace(tmp, db / MODEL_FILE)
     meta = {"fingerprint": file_sha256(db / MODEL_FILE), "dim": embedder.dim, "source": os.path.abspath(model),
             "file": MODEL_FILE, "preprocessing": embedder.preprocessing.to_dict(), "normalized": embedder.normalized}
-    choose_index(0, embedder.dim, request)  # a bad request fails now, not after the embedding
 
     def fn(txn) -> None:
         for key, value in (("model", meta), ("settings", settings.to_dict()), ("index_request", request),

@@ -208,7 +208,7 @@ def test_exif_rotated_jpeg_embeds_like_the_upright_one(built, tmp_path) -> None:
     assert np.linalg.norm(up - exif_view) < 0.1 * np.linalg.norm(up - no_exif)
 
 
-def test_index_commands_explain_every_option_and_refuse_bad_input(tmp_path, capsys) -> None:
+def test_index_commands_explain_every_option_and_refuse_bad_input(digits_onnx, tmp_path, capsys) -> None:
     parser = build_parser()
     top = next(a for a in parser._actions if a.dest == "command").choices
     subs = [top["search"]] + list(next(a for a in top["index"]._actions if a.dest == "index_command").choices.values())
@@ -220,3 +220,7 @@ def test_index_commands_explain_every_option_and_refuse_bad_input(tmp_path, caps
     done = cli("index", "build", "--model", str(tmp_path / "none.onnx"), "--images", "digits", "--db", str(tmp_path / "g"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "none.onnx does not exist" in done.stderr
     assert main(["evaluate", "--db", str(tmp_path), "--model", "pixels"]) == 2
+    capsys.readouterr()
+    assert main(["index", "build", "--model", str(digits_onnx), "--images", "digits", "--db", str(tmp_path / "g"),
+                 "--index", "IVF12,Bogus"]) == 2
+    assert "faiss cannot build index 'IVF12,Bogus'" in capsys.readouterr().err

@@ -168,3 +168,19 @@ def test_change_log_replay_and_catalog() -> None:
     assert ItemRecord.decode(records[3][1].encode()) == records[3][1]
     with pytest.raises(ValueError, match="no item has label 'c'"):
         catalog.label_ids("c")
+
+
+def test_lmdb_map_grows_by_itself_and_readers_follow(tmp_path) -> None:
+    from metricsearch.index.layout import Store
+
+    store = Store.open(tmp_path, writable=True)
+    try:
+        store.env.set_mapsize(256 * 1024)
+        for batch in range(4):  # 4 x 200 x 1 kB: several times the first map
+            store.write(lambda txn, b=batch: [txn.put(b"%d-%d" % (b, i), bytes(1024), db=store.dbs["items"])
+                                              for i in range(200)])
+        assert store.env.info()["map_size"] > 256 * 1024
+        with store.read() as txn:
+            assert store.count(txn) == 800
+    finally:
+        store.close()
