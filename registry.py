@@ -62,7 +62,10 @@ class Registry(Generic[T]):
             )
         kwargs = {k: v for k, v in (context or {}).items() if k in accepted and k not in params}
         kwargs.update(params)
-        return factory(**kwargs)
+        try:
+            return factory(**kwargs)
+        except TypeError as exc:  # a value of the wrong type from a config: a user error, said in one line
+            raise ValueError(f"{self.kind} {name!r}: a parameter has the wrong type ({exc})") from exc
 
     def describe(self, name: str) -> str:
         """First line of the factory's docstring."""

@@ -25,9 +25,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"model.pretrained={args.pretrained}")
     result = train(load_config(args.config, overrides), resume=args.resume, overwrite=args.overwrite,
                    progress=not args.quiet, stop_after_epoch=args.stop_after_epoch)
-    summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
-               "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
-    print(json.dumps(summary, indent=None if args.quiet else 2))
+    if result.is_main:  # under torchrun, rank 0 speaks for the run
+        summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
+                   "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
+        print(json.dumps(summary, indent=None if args.quiet else 2))
     return 0
 
 
@@ -47,7 +48,14 @@ def format_metrics(result: dict) -> str:
     if result["nmi"] is not None:
         lines.append(f"NMI          {result['nmi']:.4f}")
     lines += [f"MAP@R        {result['map_at_r']:.4f}", f"queries      {result['n_queries']}"]
-    lines += [f"{key:<12} {result[key]:.4f}" for key in result if key.startswith(("one_shot", "recall_at_10_vs"))]
+    for key in (k for k in result if k.startswith(("one_shot", "recall_at_10_vs"))):
+        value = result[key]
+        if isinstance(value, dict):  # a protocol's error and its 95% confidence interval
+            low, high = value["ci95"]
+            lines.append(f"{key:<12} error {value['error']:.4f} (95% CI {low:.4f}-{high:.4f}, "
+                         f"{value['episodes']} episodes)")
+        else:
+            lines.append(f"{key:<12} {value:.4f}")
     return "\n".join(lines)
 
 
@@ -66,6 +74,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         result = evaluate_model(
             embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
             recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
+            one_shot_protocol=args.one_shot_protocol,
             batch_size=args.batch_size, progress=not args.json,
         )
     if args.json:
@@ -111,6 +120,16 @@ def _cmd_samplers(args: argparse.Namespace) -> int:
     _print_registry("samplers (sampler.name=...)", SAMPLERS, ("seed", "rank", "world_size", "batches_per_epoch"))
     _print_registry("miners (miner.name=...)", MINERS)
     _print_registry("weightings (weighting.name=...)", WEIGHTINGS)
+    return 0
+
+
+def _cmd_optimizers(args: argparse.Namespace) -> int:
+    from metricsearch.train.augment import AUGMENTATIONS
+    from metricsearch.train.optim import OPTIMIZERS, SCHEDULES
+
+    _print_registry("optimizers (optimizer.name=...)", OPTIMIZERS, ("params", "model", "loss"))
+    _print_registry("schedules (schedule.name=...)", SCHEDULES, ("optimizer", "steps_per_epoch", "epochs"))
+    _print_registry("augmentations (augment.name=...)", AUGMENTATIONS, ("size",))
     return 0
 
 
@@ -192,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nmi", action="store_true", help="skip NMI (k-means is slow on very many classes)")
     p.add_argument("--one-shot-ways", type=int, help="also report N-way one-shot accuracy over 1000 random "
                    "episodes of the test classes (Omniglot protocol: 20)")
+    p.add_argument("--one-shot-protocol", choices=["within_alphabet", "across_alphabets"],
+                   help="with --one-shot-ways: report the one-shot error and its 95%% confidence interval over "
+                   "1000 episodes of this protocol; within_alphabet = the official Omniglot protocol (one "
+                   "alphabet per episode, support and query by different drawers)")
     p.add_argument("--batch-size", type=int, default=256, help="images per inference batch")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="onnxruntime device")
     p.add_argument("--pixels-size", type=int, default=28, help="side of the resized image for --model pixels")
@@ -203,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("datasets", _cmd_datasets, "List the data set adapters and their spec strings.")
     add("losses", _cmd_losses, "List every loss with its parameters and defaults.")
     add("samplers", _cmd_samplers, "List the batch samplers, miners and pair weightings with their parameters.")
+    add("optimizers", _cmd_optimizers, "List the optimizers, learning-rate schedules and augmentations with their parameters.")
 
     p = add("inspect-loss", _cmd_inspect_loss, "Plot each loss's pair weights |dL/dS_ij| against similarity "
             "for one batch (General Pair Weighting): positives and negatives in two colours.")

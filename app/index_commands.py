@@ -29,6 +29,10 @@ def _print_summary(summary, as_json: bool) -> None:
     print(f"report (every failed file and why): {d['report']}")
 
 
+def _engine(args: argparse.Namespace) -> dict:
+    return {"engine": args.engine, "ray_address": args.ray_address, "ray_actors": args.ray_actors}
+
+
 def _build(args: argparse.Namespace) -> int:
     from metricsearch.index import build_gallery
 
@@ -36,7 +40,7 @@ def _build(args: argparse.Namespace) -> int:
         args.model, args.images, args.db, split=args.split, batch_size=args.batch, workers=args.workers,
         index=args.index, device=args.device, resume=args.resume, overwrite=args.overwrite,
         thumbnail_size=0 if args.no_thumbnails else args.thumbnail_size, max_pixels=args.max_pixels,
-        min_side=args.min_side, progress=not args.json)
+        min_side=args.min_side, progress=not args.json, **_engine(args))
     _print_summary(summary, args.json)
     return 0
 
@@ -45,7 +49,7 @@ def _add(args: argparse.Namespace) -> int:
     from metricsearch.index import add_images
 
     summary = add_images(args.db, args.images, split=args.split, model=args.model, batch_size=args.batch,
-                         workers=args.workers, device=args.device, progress=not args.json)
+                         workers=args.workers, device=args.device, progress=not args.json, **_engine(args))
     _print_summary(summary, args.json)
     return 0
 
@@ -132,6 +136,11 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
         p.add_argument("--workers", type=int, help="decoding threads (default: one per core, at most 8)")
         p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)
         p.add_argument("--json", action="store_true", help="print the summary as one JSON object, no progress bar")
+        p.add_argument("--engine", choices=["local", "ray"], default="local", help="where images are read and "
+                       "embedded: local threads, or a Ray cluster (needs the `scale` extra); one writer here either way")
+        p.add_argument("--ray-address", help="the Ray cluster to use with --engine ray (default: start a local one)")
+        p.add_argument("--ray-actors", type=int, help="embedding actors with --engine ray (default: one per GPU of "
+                       "the cluster, else half its CPUs)")
 
     p = sub_add("build", _build, "Index every image of a spec into a new gallery; prints indexed / duplicate / "
                 "failed counts and seconds per stage, and writes DIR/report.json with each failed file and why.")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from metricsearch.train import losses
-from metricsearch.train.sampling import build_miner, miner_names
+from metricsearch.train.sampling import MINERS, build_miner
 
 SIZES = (128, 512, 1024)
 
@@ -24,7 +24,7 @@ SIZES = (128, 512, 1024)
 def our_miners() -> dict[str, Callable]:
     """Every registered miner, with the parameters used for the comparison."""
     params = {"semihard": {"margin": 0.2}, "random": {"fraction": 0.5, "produces": "triplets"}}
-    return {name: build_miner(name, **params.get(name, {})) for name in miner_names()}
+    return {name: build_miner(name, **params.get(name, {})) for name in MINERS.names()}
 
 
 def pml_miners() -> dict[str, tuple[str, Callable]]:

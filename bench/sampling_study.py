@@ -25,7 +25,7 @@ Setup (what is fixed across runs, and where it differs from the paper):
   2016 / 32 = 63x fewer pairs per step than the group designs.
 * Omniglot characters have 20 drawings each, so the (32, 2)-group design falls back to all 20
   images of each of its 2 classes (the group sampler's rule for classes with fewer than m
-  images): 40 images per step, not 64. Its IS weights use the same rule (importance.q_group).
+  images): 40 images per step, not 64. Its IS weights use the same rule (group.q_group).
 * Eval: R@1 on the test alphabets once, at the end of training; NMI off.
 """
 
@@ -83,10 +83,7 @@ def design_shape(sampler: Any) -> dict[str, Any]:
     """Images actually drawn per step and pairs per step of a built sampler (fixed for balanced classes)."""
     batch = np.asarray(next(iter(sampler)))
     images = len(batch)
-    if isinstance(sampler, sampling.p_random.PRandomSampler):
-        pairs = sampler.pairs_per_batch
-    else:
-        pairs = images * (images - 1) // 2
+    pairs = images // 2 if sampler.fixes_pairs else images * (images - 1) // 2
     return {"images_per_step": images, "pairs_per_step": pairs}
 
 
@@ -114,6 +111,9 @@ def build_config(args: argparse.Namespace, data: Path, design: str, use_is: bool
         f"eval.every={epochs}",  # evaluate once, after the last epoch
         f"seed={seed}",
         "num_workers=0",
+        "split=test",  # configs/omniglot.yaml is a final fit: measure on the held-out alphabets
+        "augment_classes=[]",  # and without its rotated classes and test-time views, as this study was run
+        "model.tta_shifts=[]",
     ]
     config = load_config(args.config, overrides)
     config["dataset"] = f"omniglot:{data}"

@@ -8,12 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import cars196, csvlist, cub200, digits, files, folder, inshop, omniglot, sop
-from .base import DataSplit, ImageSet, concat_sets, relabel
+from .base import SPLIT_MODES, DataSplit, ImageSet, concat_sets, relabel, resplit, with_transformed_classes
 from .download import fetch
 from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "SPLITS", "DataSplit", "ImageSet", "UnreadableImageError", "adapters", "concat_sets",
-           "load_image", "load_image_set", "load_query_gallery", "load_split"]
+__all__ = ["DEFAULT_MAX_PIXELS", "SPLITS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
+           "concat_sets", "load_image", "load_image_set", "load_query_gallery", "load_split", "resplit",
+           "with_transformed_classes"]
 
 
 _DESCRIPTIONS: dict[str, str] = {
@@ -61,8 +62,15 @@ def _parse(spec: str) -> tuple[str, Path | None]:
     return name, Path(raw.strip()).expanduser()
 
 
-def load_split(spec: str, *, download: bool = False, split_classes: float | None = None) -> DataSplit:
-    """The class-disjoint train/test split named by `spec`; `download` fetches a missing public data set."""
+def load_split(spec: str, *, download: bool = False, split_classes: float | None = None,
+               split: str = "test") -> DataSplit:
+    """The class-disjoint train/test split named by `spec`; `download` fetches a missing public data set;
+    `split` = test (as the data set defines it), swap (train and test exchanged) or all (final fit: every
+    class trains, the test part is empty), see `resplit`."""
+    return resplit(_load_split(spec, download, split_classes), split or "test")
+
+
+def _load_split(spec: str, download: bool, split_classes: float | None) -> DataSplit:
     name, root = _parse(spec)
     if name in _UNSPLIT:
         raise ValueError(f"{_usage(name)} lists images without a class split: use it to index a gallery "

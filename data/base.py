@@ -25,6 +25,10 @@ class ImageSet:
     labels: np.ndarray
     class_names: list[str]
     mode: str | None = None  # convert loaded images to this PIL mode; None keeps the stored mode
+    #: optional per-image metadata: the group of each image's class (Omniglot: its alphabet) and the
+    #: source of each image (Omniglot: its drawer); one-shot episodes use them when present
+    groups: np.ndarray | None = None
+    sources: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -40,7 +44,8 @@ class ImageSet:
     def subset(self, indices) -> ImageSet:
         """The images at `indices`, keeping labels and class_names unchanged."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        return replace(self, items=[self.items[i] for i in idx], labels=self.labels[idx])
+        meta = {k: getattr(self, k)[idx] for k in ("groups", "sources") if getattr(self, k) is not None}
+        return replace(self, items=[self.items[i] for i in idx], labels=self.labels[idx], **meta)
 
 
 def relabel(s: ImageSet, names: Sequence[str]) -> ImageSet:
@@ -81,8 +86,11 @@ def image_set(
     keys: Sequence[Hashable],
     names: Mapping[Hashable, str] | None = None,
     mode: str | None = None,
+    groups: Sequence[str] | None = None,
+    sources: Sequence[str] | None = None,
 ) -> ImageSet:
-    """An ImageSet whose labels number the sorted distinct class keys 0..C-1 (a None key: label -1)."""
+    """An ImageSet whose labels number the sorted distinct class keys 0..C-1 (a None key: label -1), with
+    optional per-image groups and sources (see ImageSet)."""
     classes = sorted({k for k in keys if k is not None})
     label_of = {k: i for i, k in enumerate(classes)}
     label_of[None] = -1
@@ -91,6 +99,8 @@ def image_set(
         labels=np.array([label_of[k] for k in keys], dtype=np.int64),
         class_names=[names[k] if names is not None else str(k) for k in classes],
         mode=mode,
+        groups=None if groups is None else np.array(groups, dtype=object),
+        sources=None if sources is None else np.array(sources, dtype=object),
     )
 
 
@@ -127,13 +137,100 @@ def split_by_class(
     names: Mapping[Hashable, str] | None = None,
     mode: str | None = None,
     notes: Sequence[str] = (),
+    groups: Sequence[str] | None = None,
+    sources: Sequence[str] | None = None,
 ) -> DataSplit:
-    """A DataSplit putting the images whose class key passes `is_train` in train, the rest in test."""
-    parts: dict[bool, tuple[list, list]] = {True: ([], []), False: ([], [])}
-    for item, key in zip(items, keys):
-        part_items, part_keys = parts[bool(is_train(key))]
-        part_items.append(item)
-        part_keys.append(key)
-    train, test = (image_set(*parts[side], names=names, mode=mode) for side in (True, False))
+    """A DataSplit putting the images whose class key passes `is_train` in train, the rest in test
+    (optional per-image `groups` and `sources` follow their images)."""
+    side = [bool(is_train(key)) for key in keys]
+
+    def part(values: Sequence | None, train: bool) -> list | None:
+        return None if values is None else [v for v, s in zip(values, side) if s == train]
+
+    train, test = (
+        image_set(part(items, s), part(keys, s), names=names, mode=mode, groups=part(groups, s),
+                  sources=part(sources, s))
+        for s in (True, False)
+    )
     return make_split(spec, train, test, recall_k, notes=notes)
 
+
+#: the ways `resplit` can use a data set's split
+SPLIT_MODES = ("test", "swap", "all")
+
+
+def merged(a: ImageSet, b: ImageSet) -> ImageSet:
+    """One ImageSet of the images of `a` then `b`; classes of the same name become one class."""
+    names = sorted(set(a.class_names) | set(b.class_names))
+    a, b = relabel(a, names), relabel(b, names)
+    meta = {k: np.concatenate([getattr(a, k), getattr(b, k)]) for k in ("groups", "sources")
+            if getattr(a, k) is not None and getattr(b, k) is not None}
+    return ImageSet(items=a.items + b.items, labels=np.concatenate([a.labels, b.labels]), class_names=names,
+                    mode=a.mode if a.mode == b.mode else None, **meta)
+
+
+def resplit(split: DataSplit, mode: str = "test") -> DataSplit:
+    """The split as `mode` says: `test` as it is (train classes train, test classes measure), `swap` with
+    train and test exchanged (the second fold of a 2-fold cross-validation over classes), `all` for a
+    final fit: every class of both parts trains and nothing is held out (the test part is empty)."""
+    if mode == "test":
+        return split
+    if mode == "swap":
+        note = "split swapped: the usual test classes train, the usual train classes test"
+        return replace(split, train=split.test, test=split.train, query=None, gallery=None,
+                       notes=[*split.notes, note])
+    if mode == "all":
+        train = merged(split.train, split.test)
+        note = (f"final fit: all {len(train.class_names)} classes ({len(train)} images) train, "
+                "none held out, no evaluation")
+        return replace(split, train=train, test=train.subset([]), query=None, gallery=None,
+                       notes=[*split.notes, note])
+    raise ValueError(f"unknown split {mode!r}; choose one of {', '.join(SPLIT_MODES)}")
+
+
+
+#: class transforms: the 7 non-identity symmetries of the square (PIL transposes, exact on pixels)
+CLASS_TRANSFORMS: dict[str, Image.Transpose] = {
+    "rot90": Image.Transpose.ROTATE_90, "rot180": Image.Transpose.ROTATE_180, "rot270": Image.Transpose.ROTATE_270,
+    "flip_lr": Image.Transpose.FLIP_LEFT_RIGHT, "flip_tb": Image.Transpose.FLIP_TOP_BOTTOM,
+    "transpose": Image.Transpose.TRANSPOSE, "transverse": Image.Transpose.TRANSVERSE,
+}
+
+
+@dataclass
+class TransformedImageSet(ImageSet):
+    """An ImageSet whose image i is `items[i]` transposed by `transforms[i]` ("" = as it is)."""
+
+    transforms: np.ndarray | None = None
+
+    def load(self, i: int) -> Image.Image:
+        image = super().load(i)
+        name = self.transforms[i] if self.transforms is not None else ""
+        return image.transpose(CLASS_TRANSFORMS[name]) if name else image
+
+    def subset(self, indices) -> ImageSet:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return replace(super().subset(idx), transforms=self.transforms[idx])
+
+
+def with_transformed_classes(images: ImageSet, transforms: Sequence[str] = ()) -> ImageSet:
+    """The set plus, for each name in `transforms` (e.g. rot90, rot180, rot270), a transformed copy of
+    every image as new classes: a rotated character is another character. Training data only."""
+    transforms = list(transforms or ())
+    unknown = [t for t in transforms if t not in CLASS_TRANSFORMS]
+    if unknown or len(set(transforms)) != len(transforms):
+        raise ValueError(f"augment_classes takes distinct names from {', '.join(CLASS_TRANSFORMS)}; got {transforms}")
+    if not transforms:
+        return images
+    n, k = len(images), len(images.class_names)
+    names = ["", *transforms]
+    meta = {key: np.concatenate([getattr(images, key)] * len(names)) for key in ("groups", "sources")
+            if getattr(images, key) is not None}
+    return TransformedImageSet(
+        items=list(images.items) * len(names),
+        labels=np.concatenate([images.labels + j * k for j in range(len(names))]).astype(np.int64),
+        class_names=[f"{c}@{t}" if t else c for t in names for c in images.class_names],
+        mode=images.mode,
+        transforms=np.repeat(np.array(names, dtype=object), n),
+        **meta,
+    )

@@ -115,4 +115,12 @@ def load(root: Path) -> DataSplit:
         RECALL_K_SMALL,
         mode="L",
         notes=notes,
+        groups=[a for a, _, _ in unique],
+        sources=[drawer(name) for _, _, name in unique],
     )
+
+
+def drawer(file_name: str) -> str:
+    """The drawer of an Omniglot drawing from its file name: `0965_05.png` -> `05` (the whole stem if no `_`)."""
+    stem = file_name.rsplit(".", 1)[0]
+    return stem.rsplit("_", 1)[-1]

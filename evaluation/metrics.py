@@ -22,7 +22,7 @@ def nearest(d: np.ndarray, n: int) -> np.ndarray:
     return np.take_along_axis(part, order, axis=1)
 
 
-def _as_2d(x: Any, what: str) -> np.ndarray:
+def as_2d(x: Any, what: str) -> np.ndarray:
     arr = np.asarray(x, dtype=np.float32)
     if arr.ndim != 2:
         raise ValueError(f"{what} embeddings must be 2-D (items x dim), got shape {arr.shape}")
@@ -43,9 +43,9 @@ def retrieval_metrics(
     Recall@K if one of its K nearest gallery items (itself excluded) shares its label; queries
     with no same-label item in the gallery are left out and not counted in `n_queries`.
     """
-    q, ql = _as_2d(query, "query"), np.asarray(query_labels)
+    q, ql = as_2d(query, "query"), np.asarray(query_labels)
     same_set = gallery is None
-    g = q if same_set else _as_2d(gallery, "gallery")
+    g = q if same_set else as_2d(gallery, "gallery")
     gl = ql if same_set else np.asarray(gallery_labels)
     if q.shape[1] != g.shape[1]:
         raise ValueError(f"query and gallery embeddings must have equal width, got {q.shape} and {g.shape}")
@@ -118,7 +118,7 @@ def nmi(embeddings: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
     """NMI of k-means clusters (faiss, k = number of classes, best of 3) against the labels."""
     import faiss
 
-    x = np.ascontiguousarray(_as_2d(embeddings, "NMI"))
+    x = np.ascontiguousarray(as_2d(embeddings, "NMI"))
     y = np.asarray(labels)
     k = len(np.unique(y))
     if k < 2 or len(x) <= k:
@@ -130,27 +130,6 @@ def nmi(embeddings: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
     return nmi_score(y, clusters[:, 0])
 
 
-def one_shot_accuracy(
-    embeddings: np.ndarray, labels: np.ndarray, ways: int = 20, episodes: int = 1000, seed: int = 0,
-) -> float:
-    """N-way one-shot accuracy: per episode, `ways` classes with one support image each; every class
-    also gives one other image as a query, which must be nearest to its own class's support image."""
-    x = _as_2d(embeddings, "one-shot")
-    y = np.asarray(labels)
-    members = [np.flatnonzero(y == c) for c in np.unique(y)]
-    members = [m for m in members if len(m) >= 2]
-    if len(members) < ways:
-        raise ValueError(f"{ways}-way one-shot needs {ways} classes with 2+ images, the set has {len(members)}")
-    rng = np.random.default_rng(seed)
-    correct = 0
-    for _ in range(episodes):
-        classes = rng.choice(len(members), size=ways, replace=False)
-        pairs = np.stack([rng.choice(members[c], size=2, replace=False) for c in classes])
-        d = sq_distances(x[pairs[:, 1]], x[pairs[:, 0]])
-        correct += int((d.argmin(axis=1) == np.arange(ways)).sum())
-    return correct / (episodes * ways)
-
-
 def evaluate(
     query: np.ndarray,
     query_labels: np.ndarray,
@@ -159,9 +138,18 @@ def evaluate(
     recall_k: Sequence[int] = (1, 2, 4, 8),
     with_nmi: bool = True,
     one_shot_ways: int | None = None,
+    one_shot_protocol: str | None = None,
+    groups: np.ndarray | None = None,
+    sources: np.ndarray | None = None,
+    one_shot_episodes: int = 1000,
 ) -> dict[str, Any]:
     """All metrics as one dict: recall_at_k ({K: value}), nmi (None if skipped), map_at_r, n_queries,
-    and `one_shot_<N>way` (N-way one-shot accuracy, Omniglot style) when `one_shot_ways` is given."""
+    and when `one_shot_ways` is given: `one_shot_<N>way` (N-way one-shot accuracy over across-alphabet
+    episodes, Omniglot style) without a protocol, or with `one_shot_protocol` (see evaluation.oneshot)
+    `one_shot_<N>way_<protocol>`: {error, ci95: [low, high], episodes} over the queries' images, using
+    their `groups` (alphabets) and `sources` (drawers)."""
+    from metricsearch.evaluation.oneshot import one_shot_accuracy, one_shot_error
+
     result = retrieval_metrics(query, query_labels, gallery, gallery_labels, recall_k)
     if not with_nmi:
         result["nmi"] = None
@@ -170,6 +158,11 @@ def evaluate(
     else:
         result["nmi"] = nmi(np.concatenate([query, gallery]), np.concatenate([query_labels, gallery_labels]))
     result = {k: result[k] for k in ("recall_at_k", "nmi", "map_at_r", "n_queries")}
-    if one_shot_ways:
+    if one_shot_ways and one_shot_protocol:
+        error, low, high = one_shot_error(query, query_labels, groups, sources, one_shot_ways, one_shot_protocol,
+                                          one_shot_episodes)
+        result[f"one_shot_{one_shot_ways}way_{one_shot_protocol}"] = {
+            "error": error, "ci95": [low, high], "episodes": one_shot_episodes}
+    elif one_shot_ways:
         result[f"one_shot_{one_shot_ways}way"] = one_shot_accuracy(query, query_labels, one_shot_ways)
     return result

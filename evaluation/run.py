@@ -27,15 +27,18 @@ def evaluate_split(
     recall_k: Sequence[int] | None = None,
     with_nmi: bool = True,
     one_shot_ways: int | None = None,
+    one_shot_protocol: str | None = None,
 ) -> dict[str, Any]:
     """`evaluate` of an embedding function on a split's test classes: its queries against its
-    gallery where it has them (In-Shop), else every test image against the others."""
+    gallery where it has them (In-Shop), else every test image against the others (and one-shot
+    episodes of `one_shot_protocol` over the test images' groups and sources, see evaluation.oneshot)."""
     recall_k = recall_k or split.recall_k
     if split.query is not None and split.gallery is not None:
         return evaluate(embed(split.query), split.query.labels, embed(split.gallery), split.gallery.labels,
                         recall_k, with_nmi)
-    return evaluate(embed(split.test), split.test.labels, recall_k=recall_k, with_nmi=with_nmi,
-                    one_shot_ways=one_shot_ways)
+    test = split.test
+    return evaluate(embed(test), test.labels, recall_k=recall_k, with_nmi=with_nmi, one_shot_ways=one_shot_ways,
+                    one_shot_protocol=one_shot_protocol, groups=test.groups, sources=test.sources)
 
 
 def evaluate_model(
@@ -48,6 +51,7 @@ def evaluate_model(
     recall_k: Sequence[int] | None = None,
     with_nmi: bool = True,
     one_shot_ways: int | None = None,
+    one_shot_protocol: str | None = None,
     batch_size: int = 256,
     progress: bool = False,
 ) -> dict[str, Any]:
@@ -66,4 +70,4 @@ def evaluate_model(
     split = load_split(dataset, split_classes=split_classes)
     for note in split.notes:
         print(f"data: {note}", file=sys.stderr)
-    return evaluate_split(embed, split, recall_k, with_nmi, one_shot_ways)
+    return evaluate_split(embed, split, recall_k, with_nmi, one_shot_ways, one_shot_protocol)

@@ -139,23 +139,73 @@ def make_index(factory: str, dim: int) -> faiss.Index:
     return index
 
 
-def to_device(index: faiss.Index, device: str) -> faiss.Index:
-    """The index for searching on `device` (cpu|gpu): a replica on every GPU, or the index itself."""
+GPU_FRACTION = 0.8  # an index may take this share of a GPU's free memory (the rest: search scratch space)
+
+
+def gpu_plan(num_gpus: int, index_bytes: int, free_per_gpu: list[int] | None = None) -> str:
+    """Where an index of `index_bytes` goes: `cpu` (no GPU, or it fits nowhere), `gpu` (the one GPU),
+    `replicate` (a full copy on each of several GPUs: it fits on one), `shard` (split across them:
+    it does not fit on one, its shares do). `free_per_gpu` unknown (None): it is taken to fit."""
+    if num_gpus < 1:
+        return "cpu"
+    free = sorted(free_per_gpu or [])[:num_gpus]
+    smallest = GPU_FRACTION * free[0] if len(free) == num_gpus else math.inf
+    if index_bytes <= smallest:
+        return "gpu" if num_gpus == 1 else "replicate"
+    if num_gpus > 1 and math.ceil(index_bytes / num_gpus) <= smallest:
+        return "shard"
+    return "cpu"
+
+
+def gpu_free_memory(num_gpus: int) -> list[int] | None:
+    """Free bytes on each GPU faiss sees (CUDA_VISIBLE_DEVICES order), from nvidia-smi; None if unknown."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        free = [int(line) << 20 for line in out.split()]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            free = [free[int(i)] for i in visible.split(",")]
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+    return free[:num_gpus] if len(free) >= num_gpus else None
+
+
+def index_bytes(index: faiss.Index, n: int | None = None) -> int:
+    """Bytes of an index's vectors (codes and ids, plus IVF centroids) when it holds `n` (default: its own)."""
+    inner, _ = _inner(index)
+    n = index.ntotal if n is None else n
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        return n * (ivf.code_size + 8) + ivf.nlist * ivf.d * 4
+    return n * (getattr(inner, "code_size", 4 * index.d) + 8)
+
+
+def to_device(index: faiss.Index, device: str, n: int | None = None) -> faiss.Index:
+    """The index for work on `device` (cpu|gpu): with gpu, on every GPU faiss sees by `gpu_plan` (for
+    `n` vectors, default its own): replicated when it fits on one, sharded when it does not, or the
+    CPU index itself (no room, or an index type faiss cannot put on GPUs)."""
     if device != "gpu":
+        return index
+    gpus = faiss.get_num_gpus()
+    plan = gpu_plan(gpus, index_bytes(index, n), gpu_free_memory(gpus))
+    log.info("faiss: %s over %d GPU(s)", plan, gpus)
+    if plan == "cpu":
         return index
     try:
         options = faiss.GpuMultipleClonerOptions()
-        options.shard = False
-        return faiss.index_cpu_to_all_gpus(index, co=options)
+        options.shard = plan == "shard"
+        return faiss.index_cpu_to_all_gpus(index, co=options, ngpu=1 if plan == "gpu" else gpus)
     except (RuntimeError, AttributeError) as exc:
         log.info("faiss: this index stays on the CPU (%s)", str(exc).splitlines()[-1] if str(exc) else exc)
         return index
 
 
-def to_cpu(index: faiss.Index, device: str) -> faiss.Index:
-    """A CPU copy of an index built on the GPUs (wrappers such as IndexIDMap or replicas included);
-    the index itself on the CPU."""
-    return faiss.index_gpu_to_cpu(index) if device == "gpu" and hasattr(faiss, "index_gpu_to_cpu") else index
+def to_cpu(index: faiss.Index) -> faiss.Index:
+    """A CPU copy of an index made by to_device (on GPUs, replicated or sharded)."""
+    return faiss.index_gpu_to_cpu(index) if hasattr(faiss, "index_gpu_to_cpu") else index
 
 
 def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu",
@@ -164,14 +214,14 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
     returns the CPU index and the rows of the training sample."""
     index = make_index(factory, vectors.shape[1])
     rows = np.zeros(0, dtype=np.int64)
-    work = to_device(index, device)
+    work = to_device(index, device, len(vectors))
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index)
         size = min(len(vectors), TRAIN_PER_LIST * ivf.nlist if ivf is not None else 100_000)
         rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=size, replace=False))
         work.train(np.ascontiguousarray(vectors[rows]))
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
-    return to_cpu(work, device), rows
+    return (index if work is index else to_cpu(work)), rows
 
 
 def set_param(index: faiss.Index, name: str, value: int) -> None:

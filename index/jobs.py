@@ -30,6 +30,7 @@ from .gallery import Gallery, check_model, file_sha256
 from .layout import FORMAT_VERSION, LMDB_DIR, Store
 from .locks import job_lock
 from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, ImageReader, ReadSettings, StageTimes, run_pipeline, source_names
+from .ray_engine import check_engine, run_ray_pipeline
 from .writer import GalleryWriter, bump_version, start_job
 
 log = logging.getLogger("metricsearch.index")
@@ -91,10 +92,25 @@ def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str) 
     return header
 
 
+@dataclass(frozen=True)
+class Engine:
+    """Where the reading and embedding stages run: `local` (threads here) or `ray` (a Ray cluster at
+    `address`, a new local one without; `actors` embedding actors, default one per GPU or half the CPUs)."""
+
+    name: str = "local"
+    address: str | None = None
+    actors: int | None = None
+
+    def __post_init__(self) -> None:
+        check_engine(self.name)
+
+
 def _index_images(store: Store, images: str, split: str | None, embed: Callable[[dict], dict], preprocessing,
                   settings: ReadSettings, dim: int, *, resume: bool, batch_size: int, workers: int | None,
-                  progress: bool, after_batch: Callable[[], None] | None = None) -> StageTimes:
-    """Run reader -> embedder -> writer over the images of a spec (on resume: those not yet committed)."""
+                  progress: bool, after_batch: Callable[[], None] | None = None, engine: Engine = Engine(),
+                  model: Path | None = None, device: str = "auto") -> StageTimes:
+    """Run reader -> embedder -> writer over the images of a spec (on resume: those not yet committed);
+    with the ray engine, the reader and the embedder (`model`) run on the cluster."""
     image_set = load_image_set(images, split, check=False)
     sources = source_names(image_set, images, split)
     positions = list(range(len(sources)))
@@ -113,8 +129,12 @@ def _index_images(store: Store, images: str, split: str | None, embed: Callable[
             after_batch()
 
     start = time.perf_counter()
-    times = run_pipeline(reader, positions, embed, write, batch_size=batch_size, workers=workers,
-                         progress=progress, desc=f"indexing {images}")
+    if engine.name == "ray":
+        times = run_ray_pipeline(reader, positions, model, write, batch_size=batch_size, device=device,
+                                 address=engine.address, actors=engine.actors, progress=progress)
+    else:
+        times = run_pipeline(reader, positions, embed, write, batch_size=batch_size, workers=workers,
+                             progress=progress, desc=f"indexing {images}")
     times.total = time.perf_counter() - start
     return times
 
@@ -169,12 +189,15 @@ def build_gallery(
     workers: int | None = None, index: str | None = None, device: str = "auto", resume: bool = False,
     overwrite: bool = False, thumbnail_size: int = THUMBNAIL_SIZE, max_pixels: int | None = DEFAULT_MAX_PIXELS,
     min_side: int = MIN_SIDE, progress: bool = False, embed_step: Callable[[dict], dict] | None = None,
+    engine: str = "local", ray_address: str | None = None, ray_actors: int | None = None,
 ) -> JobSummary:
     """Index every image of a data set spec (`split`: only its train or test part) into a new gallery
     folder `db` with the exported ONNX `model`; `resume` continues an interrupted build. `index`:
     auto (default), flat, ivf, ivfpq, hnsw or a faiss factory string. Unreadable images are skipped
-    and listed in DIR/report.json; exact duplicates are stored once."""
+    and listed in DIR/report.json; exact duplicates are stored once. `engine` ray reads and embeds
+    on a Ray cluster (`ray_address`, or a new local one) with `ray_actors` embedding actors."""
     start, db, model = time.perf_counter(), Path(db), Path(model)
+    run_on = _engine(engine, ray_address, ray_actors, embed_step)
     faiss_device = select_device(device)
     with job_lock(db):
         existing = _existing(db)
@@ -195,8 +218,10 @@ def build_gallery(
             log.info("index build: embedding with %s, faiss on %s", *device_info.values())
             times = _index_images(store, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
                                   settings, embedder.dim, resume=resume and existing, batch_size=batch_size,
-                                  workers=workers, progress=progress)
+                                  workers=workers, progress=progress, engine=run_on, model=db / MODEL_FILE,
+                                  device=device)
             pipeline_s, t = times.total, time.perf_counter()
+            device_info["engine"] = run_on.name
             with store.read() as txn:
                 ready = store.meta(txn, "state") == "ready"
             if ready:  # a finished build resumed: bring its index up to the images added now
@@ -231,33 +256,43 @@ def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images
             f"{job['failed']} failed"]
 
 
+def _engine(name: str, address: str | None, actors: int | None, embed_step: Callable | None) -> Engine:
+    if name != "local" and embed_step is not None:
+        raise ValueError("embed_step runs with the local engine only")
+    return Engine(name, address, actors)
+
+
 def run_add(gallery: Gallery, images: str, *, split: str | None = None, batch_size: int = 256,
-            workers: int | None = None, progress: bool = False, embed_step: Callable[[dict], dict] | None = None) -> JobSummary:
+            workers: int | None = None, progress: bool = False, embed_step: Callable[[dict], dict] | None = None,
+            engine: str = "local", ray_address: str | None = None, ray_actors: int | None = None) -> JobSummary:
     """Index the images of a spec into an open, writable gallery; searches see each batch as it commits."""
     start, store = time.perf_counter(), gallery.store
+    run_on = _engine(engine, ray_address, ray_actors, embed_step)
     if not store.writable:
         raise ValueError(f"{gallery.db} was opened read-only: open it with writable=True to add images")
     start_job(store, "add", images, split, resume=False)
     embedder = gallery.embedder
     times = _index_images(store, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
                           ReadSettings(**gallery.settings), gallery.dim, resume=False, batch_size=batch_size,
-                          workers=workers, progress=progress, after_batch=gallery.refresh)
+                          workers=workers, progress=progress, after_batch=gallery.refresh, engine=run_on,
+                          model=embedder.path, device=gallery.device)
     pipeline_s, t = times.total, time.perf_counter()
     gallery.checkpoint()
     times.index, times.total = time.perf_counter() - t, time.perf_counter() - start
-    device = {"onnxruntime": embedder.providers[0], "faiss": gallery.faiss_device}
+    device = {"onnxruntime": embedder.providers[0], "faiss": gallery.faiss_device, "engine": run_on.name}
     return _finish(store, gallery.db, times, pipeline_s, device, [])
 
 
 def add_images(db: str | Path, images: str, *, split: str | None = None, model: str | Path | None = None,
                batch_size: int = 256, workers: int | None = None, device: str = "auto", progress: bool = False,
-               embed_step: Callable[[dict], dict] | None = None) -> JobSummary:
+               embed_step: Callable[[dict], dict] | None = None, engine: str = "local", ray_address: str | None = None,
+               ray_actors: int | None = None) -> JobSummary:
     """Add the images of a data set spec to a gallery with its own model (`model`: refused unless it is the
     gallery's). Images already in the gallery are skipped as exact duplicates, so an interrupted add
-    continues when run again."""
+    continues when run again. `engine`, `ray_address`, `ray_actors`: as for build_gallery."""
     with Gallery.open(db, model=model, device=device, writable=True) as gallery:
         return gallery.add(images, split=split, batch_size=batch_size, workers=workers, progress=progress,
-                           embed_step=embed_step)
+                           embed_step=embed_step, engine=engine, ray_address=ray_address, ray_actors=ray_actors)
 
 
 def remove_items(db: str | Path, ids: Sequence[int] | None = None, label: str | None = None) -> dict:

@@ -30,6 +30,41 @@ class SmallCNN(nn.Module):
         return self.features(x).mean(dim=(2, 3))
 
 
+class ResidualBlock(nn.Module):
+    """Two 3x3 conv-BN layers with a (1x1 projected where widths differ) shortcut, then ReLU and 2x2 max-pool."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
+        )
+        self.shortcut = (nn.Identity() if cin == cout else
+                         nn.Sequential(nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout)))
+        self.out = nn.Sequential(nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The block's output, half the input's height and width."""
+        return self.out(self.body(x) + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """A conv stem at full resolution, then residual blocks that each halve the resolution; global average
+    pooling. Widths `width`, 2 x width, 2 x width, 4 x width as in SmallCNN."""
+
+    def __init__(self, in_channels: int = 1, width: int = 64) -> None:
+        super().__init__()
+        chans = [width, width * 2, width * 2, width * 4]
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, chans[0], 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(chans[0]), nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True))
+        self.blocks = nn.Sequential(*(ResidualBlock(a, b) for a, b in zip(chans[:-1], chans[1:])))
+        self.out_features = chans[-1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Feature vectors, batch x out_features."""
+        return self.blocks(self.stem(x)).mean(dim=(2, 3))
+
+
 class TorchvisionBackbone(nn.Module):
     """A torchvision classifier with its final layer removed; grayscale input is repeated to RGB."""
 
@@ -52,6 +87,14 @@ def small_cnn(in_channels: int = 1, width: int = 64, pretrained: str | None = No
     if pretrained == "imagenet":
         raise ValueError("small_cnn has no ImageNet weights; use resnet18/resnet50/googlenet or a file path")
     return _load_file(SmallCNN(in_channels, width), pretrained)
+
+
+@BACKBONES.register("small_resnet")
+def small_resnet(in_channels: int = 1, width: int = 64, pretrained: str | None = None) -> nn.Module:
+    """Small residual CNN: a conv stem and 3 residual blocks (about 2.5x SmallCNN's compute); CPU-trainable."""
+    if pretrained == "imagenet":
+        raise ValueError("small_resnet has no ImageNet weights; use resnet18/resnet50/googlenet or a file path")
+    return _load_file(SmallResNet(in_channels, width), pretrained)
 
 
 def _torchvision(name: str, in_channels: int, pretrained: str | None) -> nn.Module:

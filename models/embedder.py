@@ -22,7 +22,7 @@ class Embedder(nn.Module):
     def __init__(
         self, backbone: str = "small_cnn", dim: int = 128, normalize: bool = True,
         preprocessing: Preprocessing | None = None, pretrained: str | None = None,
-        backbone_params: dict[str, Any] | None = None,
+        backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None,
     ) -> None:
         super().__init__()
         if dim < 1:
@@ -38,9 +38,18 @@ class Embedder(nn.Module):
         )
         self.head = nn.Linear(self.backbone.out_features, dim)
         self.normalize = normalize
+        self.tta_shifts = [(int(dx), int(dy)) for dx, dy in (tta_shifts or [])]
+        if self.tta_shifts:
+            self.config["tta_shifts"] = [list(s) for s in self.tta_shifts]
 
     def forward(self, images: Tensor) -> Tensor:
-        """Embeddings for a batch of preprocessed images."""
+        """Embeddings for a batch of preprocessed images; in eval mode with `tta_shifts`, the mean of
+        the embeddings of the shifted views (test-time augmentation, part of the exported graph)."""
+        if self.tta_shifts and not self.training:
+            return shifted_views_mean(self._embed, images, self.tta_shifts, self.normalize)
+        return self._embed(images)
+
+    def _embed(self, images: Tensor) -> Tensor:
         out = self.head(self.backbone(images))
         return F.normalize(out, dim=1) if self.normalize else out
 
@@ -70,12 +79,23 @@ class Embedder(nn.Module):
         return {"model_config": self.config, "model": self.state_dict()}
 
 
+def shifted_views_mean(embed, images: Tensor, shifts: list[tuple[int, int]], normalize: bool = True) -> Tensor:
+    """The mean of `embed` over views of `images` shifted by (dx, dy) pixels (edges replicated),
+    L2-normalised again when `normalize`; all views go through `embed` as one batch."""
+    pad = max(max(abs(dx), abs(dy)) for dx, dy in shifts)
+    n, _, h, w = images.shape
+    padded = F.pad(images, (pad, pad, pad, pad), mode="replicate") if pad else images
+    views = [padded[:, :, pad - dy:pad - dy + h, pad - dx:pad - dx + w] for dx, dy in shifts]
+    out = embed(torch.cat(views)).reshape(len(shifts), n, -1).mean(dim=0)
+    return F.normalize(out, dim=1) if normalize else out
+
+
 def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Embedder:
     """An Embedder from a `model` config section (backbone, dim, normalize, preprocessing, ...)."""
     cfg = dict(config)
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
-    known = {"backbone", "dim", "normalize", "backbone_params"}
+    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; known: {sorted(known | {'preprocessing', 'pretrained'})}")

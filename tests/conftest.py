@@ -21,8 +21,10 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def omniglot_dir() -> Path:
-    """../shared/data/omniglot, or a skip that says why."""
+    """../shared/data/omniglot (or $METRICSEARCH_OMNIGLOT, for a worktree elsewhere), or a skip that says why."""
     path = SHARED / "data" / "omniglot"
+    if not path.is_dir() and os.environ.get("METRICSEARCH_OMNIGLOT"):
+        path = Path(os.environ["METRICSEARCH_OMNIGLOT"])
     if not path.is_dir():
         pytest.skip(f"{path} not found: the Omniglot tests need ../shared beside the repository")
     return path

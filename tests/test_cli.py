@@ -13,8 +13,8 @@ from PIL import Image
 
 from metricsearch.app.cli import build_parser, main
 
-COMMANDS = ["train", "export", "evaluate", "datasets", "losses", "samplers", "inspect-loss", "index", "search",
-            "serve", "demo"]
+COMMANDS = ["train", "export", "evaluate", "datasets", "losses", "samplers", "optimizers", "inspect-loss", "index",
+            "search", "serve", "demo"]
 
 
 def make_folder(root: Path, classes: dict[str, int], seed: int = 0) -> Path:

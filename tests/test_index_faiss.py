@@ -11,8 +11,9 @@ import pytest
 
 from metricsearch.index.catalog import Catalog
 from metricsearch.index.faiss_files import load_index, save_index
-from metricsearch.index.faiss_index import (build_index, choose_index, describe, index_ids, make_index,
-                                            recall_without_self, select_device, set_param, tune)
+from metricsearch.index import faiss_index
+from metricsearch.index.faiss_index import (build_index, choose_index, describe, gpu_plan, index_bytes, index_ids,
+                                            make_index, recall_without_self, select_device, set_param, to_device, tune)
 from metricsearch.index.state import net_changes
 from metricsearch.index.layout import ADD, REMOVE, ItemRecord
 
@@ -41,6 +42,42 @@ def test_device_selection_on_a_machine_with_and_without_gpus() -> None:
     with pytest.raises(ValueError, match="auto, cpu or cuda"):
         select_device("tpu", num_gpus=0)
     assert select_device("auto") == ("gpu" if faiss.get_num_gpus() else "cpu")
+
+
+def test_multi_gpu_plan_replicates_what_fits_on_one_gpu_and_shards_the_rest() -> None:
+    gib = 2**30
+    assert gpu_plan(0, gib, None) == "cpu"
+    assert gpu_plan(1, gib, [8 * gib]) == "gpu"
+    assert gpu_plan(1, 10 * gib, [8 * gib]) == "cpu"
+    assert gpu_plan(4, gib, [8 * gib] * 4) == "replicate"
+    assert gpu_plan(4, 10 * gib, [8 * gib] * 4) == "shard"  # 2.5 GiB a GPU
+    assert gpu_plan(2, 10 * gib, [16 * gib, 4 * gib]) == "cpu"  # the smaller GPU cannot take half
+    assert gpu_plan(2, 7 * gib, [16 * gib, 8 * gib]) == "shard"  # 6.4 GiB usable on the smaller one
+    assert gpu_plan(2, 100 * gib, None) == "replicate"  # free memory unknown: taken to fit
+
+
+def test_gpu_placement_is_chosen_at_run_time_and_the_cpu_path_taken_here(monkeypatch, vectors) -> None:
+    index = make_index("IDMap,Flat", vectors.shape[1])
+    index.add_with_ids(vectors[:1000], np.arange(1000, dtype=np.int64))
+    assert index_bytes(index) == 1000 * (4 * vectors.shape[1] + 8)
+    assert index_bytes(make_index("IVF64,PQ8", vectors.shape[1]), 1000) == 1000 * 16 + 64 * vectors.shape[1] * 4
+    assert to_device(index, "cpu") is index
+    if faiss.get_num_gpus() == 0:
+        assert to_device(index, "gpu") is index  # faiss-cpu: no GPU, the index stays where it is
+    calls = []
+
+    def clone(index, co=None, ngpu=-1):
+        calls.append((co.shard, ngpu))
+        return index
+
+    monkeypatch.setattr(faiss_index.faiss, "get_num_gpus", lambda: 2)
+    monkeypatch.setattr(faiss_index.faiss, "index_cpu_to_all_gpus", clone, raising=False)
+    monkeypatch.setattr(faiss_index.faiss, "GpuMultipleClonerOptions", type("Options", (), {}), raising=False)
+    monkeypatch.setattr(faiss_index, "gpu_free_memory", lambda n: [200_000] * n)
+    to_device(index, "gpu")  # 136 kB: one copy per GPU
+    to_device(index, "gpu", n=2000)  # 272 kB: half on each
+    to_device(index, "gpu", n=10_000)  # fits nowhere: not cloned
+    assert calls == [(False, 2), (True, 2)]
 
 
 def test_auto_choice_by_gallery_size_and_memory() -> None:

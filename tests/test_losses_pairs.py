@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from metricsearch.train.losses import Mined, build
-from metricsearch.train.losses.dro import KLReduction, TopKPNReduction, TopKReduction
+from metricsearch.train.losses.dro import KLWeighting, TopKPNWeighting, TopKWeighting
 
 LABELS = {
     "balanced": [0, 1, 2, 0, 1, 2, 0, 1, 2],
@@ -109,19 +109,25 @@ def ref_margin(emb, labels, margin=0.2, beta=lambda c: 1.2, nu=0.0, image=None):
     return total / max(nonzero, 1)
 
 
-def ref_npair(emb, labels, l2_reg=0.0):
-    y = labels.tolist()
+def npair_anchors_ref(labels):
+    """(anchor, positive) of each class with two or more images: its first two, in class order."""
     firsts: dict[int, list[int]] = {}
-    for i, c in enumerate(y):
+    for i, c in enumerate(labels.tolist()):
         firsts.setdefault(c, []).append(i)
-    anchors = [v[0] for c, v in sorted(firsts.items()) if len(v) >= 2]
-    positives = [v[1] for c, v in sorted(firsts.items()) if len(v) >= 2]
-    terms = []
-    for a, p in zip(anchors, positives):
-        logits = [(emb[a] * emb[k]).sum() for k in positives]
-        terms.append(-(emb[a] * emb[p]).sum() + torch.logsumexp(torch.stack(logits), 0))
-    reg = l2_reg * sum((e * e).sum() for e in emb) / len(y)
-    return sum(terms) / len(terms) + reg
+    return [(v[0], v[1]) for c, v in sorted(firsts.items()) if len(v) >= 2]
+
+
+def ref_npair_from_sim(sim, labels):
+    """Mean over anchors of -S_ap + log sum_k exp(S_a,p_k), read from a B x B matrix S."""
+    pairs_ = npair_anchors_ref(labels)
+    positives = [p for _, p in pairs_]
+    terms = [-sim[a, p] + torch.logsumexp(torch.stack([sim[a, k] for k in positives]), 0) for a, p in pairs_]
+    return sum(terms) / len(terms)
+
+
+def ref_npair(emb, labels, l2_reg=0.0):
+    reg = l2_reg * sum((e * e).sum() for e in emb) / len(labels)
+    return ref_npair_from_sim(emb @ emb.t(), labels) + reg
 
 
 def dro_pair_ref(emb, labels, margin=0.1, lam=0.5):
@@ -235,6 +241,34 @@ def test_pair_weights_equal_autograd_through_similarity():
         assert weights.shape == (len(labels), len(labels)) and weights.sum() > 0
 
 
+def test_npair_reads_only_its_block_of_s_and_weighs_pairs_by_the_full_matrix_gradient():
+    emb, labels = batch("singleton")
+    loss = build("npair")
+    anchors = torch.tensor([a for a, _ in npair_anchors_ref(labels)])
+    positives = torch.tensor([p for _, p in npair_anchors_ref(labels)])
+    assert loss.used_similarity(emb, labels).shape == (2, 2)  # classes 0 and 1; 2 and 3 have one image
+    sim = (emb.detach() @ emb.detach().t()).requires_grad_(True)
+    (expected,) = torch.autograd.grad(ref_npair_from_sim(sim, labels), sim)
+    weights = loss.pair_weights(emb, labels)
+    torch.testing.assert_close(weights, expected.abs(), rtol=1e-6, atol=1e-15)
+    block = torch.zeros_like(weights, dtype=torch.bool)
+    block[anchors[:, None], positives[None, :]] = True
+    assert torch.all(weights[block] > 0) and torch.all(weights[~block] == 0)
+
+
+def test_margin_pair_weights_take_the_per_image_betas():
+    emb, labels = batch("singleton")
+    loss = build("margin", beta_mode="image", num_classes=4, num_images=20)
+    with torch.no_grad():
+        loss.beta_image[:10] = 0.5
+    zero, offset = torch.arange(10, 18), torch.arange(0, 8)
+    plain = loss.pair_weights(emb, labels, indices=zero)
+    torch.testing.assert_close(plain, build("margin").pair_weights(emb, labels), rtol=1e-6, atol=1e-15)
+    assert not torch.equal(loss.pair_weights(emb, labels, indices=offset), plain)
+    with pytest.raises(ValueError, match="indices"):
+        loss.pair_weights(emb, labels)
+
+
 # ---- limits and identities -------------------------------------------------------------------
 
 
@@ -257,16 +291,16 @@ def test_dro_topk_with_all_pairs_is_the_mean():
     torch.testing.assert_close(exact, values.mean())
 
 
-def test_dro_with_registered_base_and_reductions_on_any_pair_loss():
+def test_dro_with_registered_base_and_weightings_on_any_pair_loss():
     emb, labels = batch("singleton")
     contrastive = build("contrastive", margin=0.8)
     plain = contrastive(emb, labels)
     topk_all = build("dro_topk", k=10**6, base="contrastive", base_params={"margin": 0.8})
     torch.testing.assert_close(topk_all(emb, labels), plain)
-    torch.testing.assert_close(contrastive(emb, labels, reduction=TopKReduction(10**6)), plain)
-    pn = contrastive(emb, labels, reduction=TopKPNReduction(6))
-    assert torch.isfinite(pn) and pn >= contrastive(emb, labels, reduction=TopKReduction(1)) / 2
-    kl = contrastive(emb, labels, reduction=KLReduction(1e4))
+    torch.testing.assert_close(contrastive(emb, labels, weighting=TopKWeighting(10**6)), plain)
+    pn = contrastive(emb, labels, weighting=TopKPNWeighting(6))
+    assert torch.isfinite(pn) and pn >= contrastive(emb, labels, weighting=TopKWeighting(1)) / 2
+    kl = contrastive(emb, labels, weighting=KLWeighting(1e4))
     torch.testing.assert_close(kl, plain, rtol=1e-3, atol=1e-6)
     balanced = build("dro_kl", base="balanced_contrastive", class_counts=COUNTS)
     assert torch.isfinite(balanced(emb, labels))

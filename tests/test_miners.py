@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from metricsearch.train.losses.base import Mined, label_masks
 from metricsearch.train.losses.ms import ms_mine
-from metricsearch.train.sampling import build_miner, miner_names
+from metricsearch.train.sampling import MINERS, build_miner
 from metricsearch.train.sampling.distance_weighted import log_sphere_distance_density
 
 
@@ -32,8 +32,8 @@ def triplet_set(mined: Mined) -> set[tuple[int, int, int]]:
 
 
 def test_all_miners_registered_with_produces() -> None:
-    assert set(miner_names()) >= {"semihard", "hard", "batch_hard", "distance_weighted", "ms", "random"}
-    for name in miner_names():
+    assert set(MINERS.names()) >= {"semihard", "hard", "batch_hard", "distance_weighted", "ms", "random"}
+    for name in MINERS.names():
         assert build_miner(name).produces in ("pairs", "triplets")
 
 

@@ -8,9 +8,11 @@ import torch
 
 from metricsearch.train import losses
 from metricsearch.train.losses.base import PairLoss
-from metricsearch.train.sampling import build_miner, build_sampler, build_weighting, sampler_names
+from metricsearch.train.sampling import SAMPLERS, build_miner, build_sampler, build_weighting
+from metricsearch.train.sampling.base import Design, LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
-from metricsearch.train.sampling.importance import q_group, q_p_random
+from metricsearch.train.sampling.group import q_group
+from metricsearch.train.sampling.p_random import q_p_random
 
 COUNTS = [2, 3, 5, 8]  # small unbalanced training set: 4 classes, 18 images
 LABELS = np.repeat(np.arange(len(COUNTS)), COUNTS)
@@ -112,7 +114,7 @@ def contrastive_loss() -> PairLoss:
 def full_data_loss(loss: PairLoss, emb: torch.Tensor, labels: torch.Tensor) -> float:
     """Eq. 10 scaled by 1/(N(N-1)): the mean per-pair loss over all ordered pairs i != j."""
     n = len(labels)
-    total = loss(emb, labels, reduction=lambda l, p, q, y: torch.where(p | q, l, 0.0).sum() / (n * (n - 1)))
+    total = loss(emb, labels, weighting=lambda l, p, q, y: torch.where(p | q, l, 0.0).sum() / (n * (n - 1)))
     return float(total)
 
 
@@ -138,7 +140,7 @@ def test_importance_weighted_loss_is_unbiased(name: str, params: dict, draws: in
     for _ in range(draws):
         batch = torch.as_tensor(sampler.draw(rng))
         mined = sampler.pairs(labels[batch])
-        weighted.append(float(loss(emb[batch], labels[batch], mined, reduction=weighting)))
+        weighted.append(float(loss(emb[batch], labels[batch], mined, weighting=weighting)))
         plain.append(float(loss(emb[batch], labels[batch], mined)))
     assert np.mean(weighted) == pytest.approx(target, rel=0.02)
     assert abs(np.mean(plain) / target - 1) > 0.1  # the skewed designs are biased without weights
@@ -150,8 +152,8 @@ def test_importance_delta_and_errors() -> None:
     w2 = build_weighting("importance", context={"sampler": sampler}, delta=0.5)
     w0 = build_weighting("importance", context={"sampler": sampler}, delta=0.0)
     y = torch.as_tensor(LABELS)
-    assert torch.allclose(w2.pair_weights(y), w1.pair_weights(y).sqrt())
-    assert torch.equal(w0.pair_weights(y), torch.ones(N, N))
+    assert torch.allclose(w2.importance_weights(y), w1.importance_weights(y).sqrt())
+    assert torch.equal(w0.importance_weights(y), torch.ones(N, N))
     hard = build_sampler("npair_hard_class", LABELS, classes_per_batch=2)
     with pytest.raises(ValueError, match="group.*p_random"):
         build_weighting("importance", context={"sampler": hard})
@@ -187,7 +189,40 @@ def test_samplers_deterministic_epochs_ranks(name: str, params: dict) -> None:
 
 
 def test_all_samplers_are_covered() -> None:
-    assert set(sampler_names()) >= {"group", "p_random", "npair_hard_class"}
+    assert set(SAMPLERS.names()) >= {"group", "p_random", "npair_hard_class"}
+
+
+class UniformSampler(LabelBatchSampler):
+    """6 distinct images uniformly at random: every ordered pair is equally likely, so W = 1."""
+
+    batch_size = 6
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:
+        return rng.choice(len(self.labels), size=self.batch_size, replace=False)
+
+    def design(self, counts: np.ndarray) -> Design:
+        total = counts.sum()
+        return Design(np.full((len(counts), len(counts)), 1.0 / (total * (total - 1))), 6 * 5)
+
+
+def test_samplers_describe_their_pair_design() -> None:
+    counts = np.array(COUNTS)
+    group = build_sampler("group", LABELS, classes_per_batch=2, images_per_class=3)
+    np.testing.assert_array_equal(group.design(counts).q, q_group(counts, 3, 2))
+    assert group.design(counts).slots == 6 * 5 and not group.fixes_pairs
+    prand = build_sampler("p_random", LABELS, p=0.3, pairs_per_batch=4)
+    np.testing.assert_array_equal(prand.design(counts).q, q_p_random(counts, 0.3))
+    assert prand.design(counts).slots == 8 and prand.fixes_pairs
+    hard = build_sampler("npair_hard_class", LABELS, classes_per_batch=2)
+    assert hard.design(counts) is None and not hard.fixes_pairs
+    assert group.pairs(torch.as_tensor(LABELS)) is None and hard.pairs(torch.as_tensor(LABELS)) is None
+
+
+def test_importance_weights_follow_any_sampler_that_describes_its_design() -> None:
+    uniform = UniformSampler(LABELS)
+    weighting = build_weighting("importance", context={"sampler": uniform})
+    check_compatible(contrastive_loss(), None, weighting, uniform)
+    torch.testing.assert_close(weighting.importance_weights(torch.as_tensor(LABELS)), torch.ones(N, N))
 
 
 def test_hard_class_mining_picks_the_closest_classes() -> None:
@@ -220,7 +255,7 @@ class _Triplet(PairLoss):
     """A stand-in loss that mines triplets and takes no weighting."""
 
     mines = "triplets"
-    accepts_reduction = False
+    accepts_weighting = False
 
 
 class _NoMining(PairLoss):
@@ -244,9 +279,9 @@ def test_check_compatible() -> None:
         check_compatible(triplet_loss, build_miner("ms"), None, group)
     with pytest.raises(ValueError, match="weighting"):
         check_compatible(triplet_loss, None, build_weighting("dro_kl"), group)
-    with pytest.raises(ValueError, match="p_random"):
+    with pytest.raises(ValueError, match="fixes the pairs"):
         check_compatible(triplet_loss, None, None, prand)
-    with pytest.raises(ValueError, match="p_random"):
+    with pytest.raises(ValueError, match="fixes the pairs"):
         check_compatible(_NoMining(), None, None, prand)
     with pytest.raises(ValueError, match="ignores mined"):
         check_compatible(_NoMining(), build_miner("ms"), None, group)

@@ -41,7 +41,7 @@ def config(tmp_path, name: str, overrides: list[str]) -> dict:
 
 def test_every_component_is_covered() -> None:
     text = " ".join(" ".join(v) for v in COMBOS.values())
-    for name in sampling.sampler_names() + sampling.miner_names() + sampling.weighting_names():
+    for name in sampling.SAMPLERS.names() + sampling.MINERS.names() + sampling.WEIGHTINGS.names():
         assert f"name: {name}" in text or f"name={name}" in text, name
 
 
@@ -57,7 +57,7 @@ def test_combination_trains_on_digits(tmp_path, combo: str) -> None:
     (["miner.name=semihard", "loss.name=contrastive"], "triplet"),
     (["miner.name=ms", "loss.name=triplet"], "pair"),
     (["weighting.name=importance", "loss.name=ms"], "weighting"),
-    (["sampler={name: p_random}", "loss.name=triplet"], "p_random"),
+    (["sampler={name: p_random}", "loss.name=triplet"], "fixes the pairs"),
     (["weighting.name=importance", "loss.name=contrastive",
       "sampler={name: npair_hard_class, classes_per_batch: 5}"], "importance"),
 ])

@@ -59,7 +59,8 @@ def export_onnx(
         source = source or str(resolve_checkpoint(model))
         model, state = load_checkpoint(model)
         if batch is None:
-            batch = sample_batch(model.preprocessing, run_split(state, dataset).test, batch_size)
+            split = run_split(state, dataset)
+            batch = sample_batch(model.preprocessing, split.test if len(split.test) else split.train, batch_size)
     if batch is None:
         raise ValueError("export_onnx of an in-memory model needs a parity batch")
     out = Path(out)

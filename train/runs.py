@@ -16,7 +16,9 @@ def run_split(state: dict[str, Any], dataset: str | None = None) -> DataSplit:
     spec = dataset or saved.get("dataset")
     if not spec:
         raise ValueError("the checkpoint names no data set: pass --dataset SPEC")
-    return load_split(spec, split_classes=None if dataset else saved.get("split_classes"))
+    if dataset:
+        return load_split(spec)
+    return load_split(spec, split_classes=saved.get("split_classes"), split=saved.get("split", "test"))
 
 
 def sample_batch(preprocessing: Preprocessing, images: ImageSet, n: int) -> np.ndarray:

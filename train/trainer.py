@@ -7,26 +7,36 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import yaml
+from torch import Tensor
 from torch.utils.data import DataLoader
 
+from metricsearch.data import DataSplit, ImageSet, load_split, with_transformed_classes
 from metricsearch.errors import MetricsearchError
+from metricsearch.evaluation import evaluate_split
 from metricsearch.models.embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
-from metricsearch.train.config import component
-from metricsearch.data import DataSplit, ImageSet, load_split
-from metricsearch.evaluation import evaluate_split
+from metricsearch.train.config import component, validate_config
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
+from metricsearch.train.distributed import (
+    DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
+)
+from metricsearch.train.losses.base import MetricLoss, Mined, Weighting
+from metricsearch.train.optim import build_optimizer, build_schedule
 from metricsearch.train.plots import plot_training
+from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
+
+#: resuming may change these keys of a run's config (they do not change what it computes)
+RESUMABLE_CHANGES = ("epochs", "log_every")
 
 
 class TrainingError(MetricsearchError):
@@ -41,6 +51,36 @@ class RunResult:
     epochs: int
     best_recall_at_1: float
     last_metrics: dict[str, Any]
+    is_main: bool = True  # False on the ranks other than 0 under torchrun, which write nothing
+
+
+@dataclass
+class Setup:
+    """What a run trains with, built from its config before its run directory is made."""
+
+    config: dict[str, Any]
+    device: torch.device
+    autocast: torch.dtype | None
+    split: DataSplit
+    model: Embedder
+    forward: torch.nn.Module  # the model, in DistributedDataParallel under torchrun
+    dist: DistContext
+    loss: MetricLoss
+    sampler: LabelBatchSampler
+    miner: Callable[..., Mined] | None
+    weighting: Weighting | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    dataset: ImageDataset
+
+
+@dataclass
+class RunState:
+    """What a run has done so far: one metrics row per finished epoch, and its best Recall@1."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_recall_at_1: float = -1.0
 
 
 def seed_everything(seed: int) -> None:
@@ -48,6 +88,190 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def train(
+    config: dict[str, Any], resume: bool = False, overwrite: bool = False, progress: bool = True,
+    stop_after_epoch: int | None = None,
+) -> RunResult:
+    """Train an embedder as the config says, evaluating and checkpointing into OUTPUT_DIR/NAME/.
+
+    `stop_after_epoch` pauses the run after that epoch (resume it later with `resume=True`).
+    Under `torchrun --nproc_per_node=N` the N processes train one model on the global batch;
+    only rank 0 evaluates and writes the run directory.
+    """
+    validate_config(config)
+    setup = build_setup(config, progress)
+    main = setup.dist.is_main
+    try:
+        run_dir = _prepare_run_dir(config, resume, overwrite, write=main)
+        state = restore(setup, run_dir) if resume else RunState()
+        if main:
+            _write_metrics(run_dir, state.history)
+        epochs = int(config["epochs"])
+        for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
+            row = train_epoch(setup, epoch, run_dir, progress and main)
+            if not main:
+                state.history.append(row)
+                continue
+            held_out = len(setup.split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
+            if held_out and ((epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs):
+                row.update(_evaluate(setup.model, setup.split, config))
+            save_epoch(setup, state, row, run_dir)
+            if progress:
+                _report(row, epoch, epochs)
+        barrier(setup.dist)  # the other ranks wait for rank 0's last evaluation and checkpoint
+    finally:
+        shutdown(setup.dist)
+    return RunResult(run_dir, len(state.history), state.best_recall_at_1, state.history[-1] if state.history else {},
+                     main)
+
+
+def build_setup(config: dict[str, Any], progress: bool = False) -> Setup:
+    """Everything a config trains with, on its device (this rank's under torchrun), the model seeded by `seed`."""
+    dist, device = init_distributed(resolve_device(config["device"]))
+    autocast = amp_dtype(device, config["amp"])
+    split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"],
+                       split=config["split"])
+    split = replace(split, train=with_transformed_classes(split.train, config["augment_classes"]))
+    if progress and dist.is_main:
+        for note in split.notes:
+            print(f"data: {note}", flush=True)
+    seed_everything(int(config["seed"]))
+    model = build_embedder(config["model"], pretrained=config["model"].get("pretrained"))
+    loss, sampler, miner, weighting = build_components(config, split.train, dist)
+    model.to(device)
+    loss.to(device)
+    if device.type == "cuda":
+        model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(config["optimizer"], model, loss)
+    scheduler = build_schedule(config["schedule"], optimizer, len(sampler), int(config["epochs"]))
+    scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
+    augment = build_augment(config["augment"], model.preprocessing.size)
+    dataset = ImageDataset(split.train, model.preprocessing, augment, cache=bool(config["cache_images"]))
+    return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
+                 weighting, optimizer, scheduler, scaler, dataset)
+
+
+def build_components(
+    config: dict[str, Any], images: ImageSet, dist: DistContext = DistContext(),
+) -> tuple[MetricLoss, LabelBatchSampler, Callable[..., Mined] | None, Weighting | None]:
+    """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit."""
+    stats = {"class_counts": images.class_counts(), "num_classes": len(images.class_names), "num_images": len(images)}
+    loss_name, loss_params = component(config, "loss")
+    loss = losses.build(loss_name, **stats, **loss_params)
+    sampler_name, sampler_params = component(config, "sampler")
+    sampler = sampling.build_sampler(sampler_name, np.asarray(images.labels), seed=int(config["seed"]),
+                                     batches_per_epoch=config["batches_per_epoch"], rank=dist.rank,
+                                     world_size=dist.world_size, **sampler_params)
+    miner_name, miner_params = component(config, "miner")
+    miner = sampling.build_miner(miner_name, **miner_params) if miner_name else None
+    weighting_name, weighting_params = component(config, "weighting")
+    weighting = (sampling.build_weighting(weighting_name, {**stats, "sampler": sampler}, **weighting_params)
+                 if weighting_name else None)
+    check_compatible(loss, miner, weighting, sampler)
+    return loss, sampler, miner, weighting
+
+
+def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False) -> dict[str, Any]:
+    """One pass over the sampler's batches; its metrics row (mean loss, images/s).
+
+    The loss is summed on the device and read back (and checked for NaN or inf) only every
+    `log_every` steps and at the end of the epoch, so that no step waits for the device.
+    """
+    from tqdm.auto import tqdm
+
+    config = setup.config
+    seed_everything(int(config["seed"]) * 100_003 + epoch)  # per-epoch seeding makes --resume exact
+    setup.sampler.set_epoch(epoch)
+    loader = DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=config["num_workers"],
+                        pin_memory=setup.device.type == "cuda")
+    setup.model.train()
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config['epochs']}", disable=None if progress else True,
+               unit="batch", leave=False)
+    total = torch.zeros((), dtype=torch.float64, device=setup.device)
+    t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
+    for images, labels, indices in bar:
+        total += train_step(setup, images, labels, indices)
+        seen, steps = seen + len(images) * setup.dist.world_size, steps + 1
+        if steps % int(config["log_every"]) == 0:
+            mean, checked = finite_mean(total, steps, checked, epoch, run_dir), steps
+            bar.set_postfix(loss=f"{mean:.4f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+    bar.close()
+    mean = finite_mean(total, steps, checked, epoch, run_dir)
+    return {"epoch": epoch + 1, "loss": mean, "images_per_s": seen / (time.perf_counter() - t0),
+            "world_size": setup.dist.world_size}
+
+
+def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) -> Tensor:
+    """One optimisation step on a batch (the global batch under torchrun); its loss, detached, on the device."""
+    device = setup.device
+    cuda = device.type == "cuda"  # pinned batches: the copies need not wait
+    images = images.to(device, non_blocking=cuda)
+    if cuda:
+        images = images.contiguous(memory_format=torch.channels_last)
+    labels = labels.to(device, non_blocking=cuda)
+    with torch.autocast(device.type, dtype=setup.autocast or torch.float32, enabled=setup.autocast is not None):
+        emb = setup.forward(images)
+    emb, labels, indices = gather_batch(emb.float(), labels, indices.to(device, non_blocking=cuda), setup.dist)
+    mined = setup.sampler.pairs(labels)
+    if setup.miner is not None:
+        mined = setup.miner(emb.detach(), labels, mined)
+    loss = setup.loss(emb, labels, mined=mined, weighting=setup.weighting, indices=indices)
+    setup.optimizer.zero_grad(set_to_none=True)
+    setup.scaler.scale(loss).backward()
+    setup.scaler.step(setup.optimizer)
+    setup.scaler.update()
+    setup.scheduler.step()
+    setup.sampler.observe(indices.tolist(), emb.detach())
+    return loss.detach()
+
+
+def finite_mean(total: Tensor, steps: int, checked: int, epoch: int, run_dir: Path) -> float:
+    """The mean loss of an epoch's first `steps` steps; a TrainingError if one since step `checked` was NaN or inf."""
+    mean = total.item() / max(steps, 1)
+    if not math.isfinite(mean):
+        where = f"step {steps}" if steps == checked + 1 else f"one of steps {checked + 1}-{steps}"
+        raise TrainingError(
+            f"loss became {mean} at epoch {epoch + 1}, {where}; "
+            f"{run_dir / 'last.pt'} still holds the last good state. Start again with a lower "
+            "optimizer.lr (--overwrite), check the loss parameters, or try amp=off."
+        )
+    return mean
+
+
+def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path) -> None:
+    """Record a finished epoch: metrics.jsonl, training.png, last.pt and, when Recall@1 improved, best.pt."""
+    state.history.append(row)
+    _write_metrics(run_dir, state.history)  # rewritten from the checkpoint's history on --resume
+    config = setup.config
+    plot_training(state.history, run_dir / "training.png",
+                  title=f"{config['name']}: {config['loss']['name']} on {config['dataset']}")
+    r1 = row.get("recall_at_k", {}).get(1)
+    final_fit = len(setup.split.test) == 0  # nothing held out: the last epoch is the best
+    improved = final_fit or r1 is not None and r1 > state.best_recall_at_1
+    if improved and r1 is not None:
+        state.best_recall_at_1 = r1
+    checkpoint = {
+        **setup.model.checkpoint(), "loss": setup.loss.state_dict(), "optimizer": setup.optimizer.state_dict(),
+        "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
+        "epoch": len(state.history), "history": state.history, "best_recall_at_1": state.best_recall_at_1,
+        "config": config, "class_names": setup.split.test.class_names, "data_notes": setup.split.notes,
+    }
+    if improved:
+        _save(checkpoint, run_dir / "best.pt")
+    _save(checkpoint, run_dir / "last.pt")
+
+
+def restore(setup: Setup, run_dir: Path) -> RunState:
+    """Load the run's last.pt into the setup's model, loss and optimisation; what the run had done."""
+    state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
+    setup.model.load_state_dict(state["model"])
+    setup.loss.load_state_dict(state["loss"])
+    setup.optimizer.load_state_dict(state["optimizer"])
+    setup.scheduler.load_state_dict(state["scheduler"])
+    setup.scaler.load_state_dict(state["scaler"])
+    return RunState(state["history"], state["best_recall_at_1"])
 
 
 def _evaluate(model: Embedder, split: DataSplit, config: dict[str, Any]) -> dict[str, Any]:
@@ -60,208 +284,35 @@ def _evaluate(model: Embedder, split: DataSplit, config: dict[str, Any]) -> dict
     return evaluate_split(embed, split, ev.get("recall_k"), ev["nmi"], ev.get("one_shot_ways"))
 
 
-def _optimizer(model: Embedder, loss: torch.nn.Module, cfg: dict[str, Any]) -> torch.optim.Optimizer:
-    cfg = dict(cfg)
-    name = cfg.pop("name", "adamw")
-    lr = float(cfg.pop("lr"))
-    head_lr = float(cfg.pop("head_lr", lr))
-    groups = [{"params": list(model.backbone.parameters()), "lr": lr},
-              {"params": list(model.head.parameters()), "lr": head_lr}]
-    if hasattr(loss, "param_groups"):
-        groups += loss.param_groups(lr)
-    elif any(p.requires_grad for p in loss.parameters()):
-        groups.append({"params": list(loss.parameters()), "lr": lr})
-    classes = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
-    if name not in classes:
-        raise ValueError(f"unknown optimizer.name {name!r}; choose one of {', '.join(classes)}")
-    if name == "sgd":
-        cfg.setdefault("momentum", 0.9)
-    return classes[name](groups, lr=lr, **cfg)
-
-
-def _schedule(opt: torch.optim.Optimizer, cfg: dict[str, Any], steps_per_epoch: int, epochs: int):
-    cfg = dict(cfg)
-    name = cfg.pop("name", "cosine")
-    warmup = int(float(cfg.pop("warmup_epochs", 0)) * steps_per_epoch)
-    total = max(1, steps_per_epoch * epochs)
-    if name == "cosine":
-        floor = float(cfg.pop("min_factor", 0.01))
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            t = (step - warmup) / max(1, total - warmup)
-            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-    elif name == "step":
-        every = int(cfg.pop("every_epochs", max(1, epochs // 3))) * steps_per_epoch
-        gamma = float(cfg.pop("gamma", 0.1))
-
-        def factor(step: int) -> float:
-            return (step + 1) / warmup if step < warmup else gamma ** ((step - warmup) // every)
-    elif name == "constant":
-
-        def factor(step: int) -> float:
-            return (step + 1) / warmup if step < warmup else 1.0
-    else:
-        raise ValueError(f"unknown schedule.name {name!r}; choose cosine, step or constant")
-    if cfg:
-        raise ValueError(f"schedule {name!r} has no parameter(s) {sorted(cfg)}")
-    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
 def _save(obj: dict[str, Any], path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
-def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool) -> Path:
+def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool, write: bool = True) -> Path:
     run_dir = Path(config["output_dir"]) / str(config["name"])
     last = run_dir / "last.pt"
     if resume:
         if not last.is_file():
             raise FileNotFoundError(f"--resume: {last} does not exist; start the run without --resume")
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        differ = sorted(k for k in set(saved) | set(config) if k != "epochs" and saved.get(k) != config.get(k))
+        differ = sorted(k for k in set(saved) | set(config)
+                        if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k))
         if differ:
             raise ValueError(
                 f"--resume: the config differs from the run's saved config in {differ}; "
-                "only `epochs` may change when resuming"
+                f"only {' and '.join(RESUMABLE_CHANGES)} may change when resuming"
             )
     elif last.is_file() and not overwrite:
         raise FileExistsError(
             f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
             "or --set name=OTHER for a new run"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return run_dir
-
-
-def train(
-    config: dict[str, Any], resume: bool = False, overwrite: bool = False, progress: bool = True,
-    stop_after_epoch: int | None = None,
-) -> RunResult:
-    """Train an embedder as the config says, evaluating and checkpointing into OUTPUT_DIR/NAME/.
-
-    `stop_after_epoch` pauses the run after that epoch (resume it later with `resume=True`).
-    """
-    from tqdm.auto import tqdm
-
-    device = resolve_device(config["device"])
-    autocast = amp_dtype(device, config["amp"])
-    split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"])
-    if progress:
-        for note in split.notes:
-            print(f"data: {note}", flush=True)
-    seed = int(config["seed"])
-    seed_everything(seed)
-
-    model_cfg = dict(config["model"])
-    model = build_embedder(model_cfg, pretrained=model_cfg.get("pretrained"))
-    train_labels = np.asarray(split.train.labels)
-    counts = split.train.class_counts()
-    stats = {"class_counts": counts, "num_classes": len(split.train.class_names), "num_images": len(split.train)}
-    loss_name, loss_params = component(config, "loss")
-    loss_fn = losses.build(loss_name, **stats, **loss_params)
-    sampler_name, sampler_params = component(config, "sampler")
-    batches = config["batches_per_epoch"]
-    sampler = sampling.build_sampler(sampler_name, train_labels, seed=seed, batches_per_epoch=batches, **sampler_params)
-    miner_name, miner_params = component(config, "miner")
-    miner = sampling.build_miner(miner_name, **miner_params) if miner_name else None
-    weighting_name, weighting_params = component(config, "weighting")
-    weighting = (sampling.build_weighting(weighting_name, {**stats, "sampler": sampler}, **weighting_params)
-                 if weighting_name else None)
-    check_compatible(loss_fn, miner, weighting, sampler)
-    run_dir = _prepare_run_dir(config, resume, overwrite)
-
-    model.to(device)
-    loss_fn.to(device)
-    if device.type == "cuda":
-        model.to(memory_format=torch.channels_last)
-    optimizer = _optimizer(model, loss_fn, config["optimizer"])
-    epochs = int(config["epochs"])
-    scheduler = _schedule(optimizer, config["schedule"], len(sampler), epochs)
-    scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
-
-    history: list[dict[str, Any]] = []
-    start_epoch, best_r1 = 0, -1.0
-    if resume:
-        state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
-        model.load_state_dict(state["model"])
-        loss_fn.load_state_dict(state["loss"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        start_epoch, best_r1, history = state["epoch"], state["best_recall_at_1"], state["history"]
-    _write_metrics(run_dir, history)
-
-    augment = build_augment(config["augment"], model.preprocessing.size)
-    dataset = ImageDataset(split.train, model.preprocessing, augment, cache=bool(config["cache_images"]))
-    pin = device.type == "cuda"
-    last_metrics: dict[str, Any] = history[-1] if history else {}
-    for epoch in range(start_epoch, min(epochs, stop_after_epoch or epochs)):
-        seed_everything(seed * 100_003 + epoch)  # per-epoch seeding makes --resume exact
-        sampler.set_epoch(epoch)
-        loader = DataLoader(dataset, batch_sampler=sampler, num_workers=config["num_workers"], pin_memory=pin)
-        model.train()
-        t0, seen, loss_sum, n_steps = time.perf_counter(), 0, 0.0, 0
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=None if progress else True, unit="batch", leave=False)
-        for images, labels, indices in bar:
-            images = images.to(device, non_blocking=pin)
-            if device.type == "cuda":
-                images = images.contiguous(memory_format=torch.channels_last)
-            labels = labels.to(device, non_blocking=pin)
-            with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-                emb = model(images)
-            emb = emb.float()
-            mined = sampler.pairs(labels)
-            if miner is not None:
-                mined = miner(emb.detach(), labels, mined)
-            per_image = {"indices": indices.to(device)} if loss_fn.uses_indices else {}
-            loss = loss_fn(emb, labels, mined=mined, reduction=weighting, **per_image)
-            if not torch.isfinite(loss):
-                raise TrainingError(
-                    f"loss became {loss.item()} at epoch {epoch + 1}, step {n_steps + 1}; "
-                    f"{run_dir / 'last.pt'} still holds the last good state. Start again with a lower "
-                    "optimizer.lr (--overwrite), check the loss parameters, or try amp=off."
-                )
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            sampler.observe(indices.tolist(), emb.detach())
-            seen += len(images)
-            n_steps += 1
-            loss_sum += loss.item()
-            bar.set_postfix(loss=f"{loss.item():.4f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}")
-        bar.close()
-        row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss_sum / max(n_steps, 1),
-                               "images_per_s": seen / (time.perf_counter() - t0)}
-        is_last = epoch + 1 == epochs
-        if (epoch + 1) % int(config["eval"]["every"]) == 0 or is_last:
-            row.update(_evaluate(model, split, config))
-        history.append(row)
-        last_metrics = row
-        state = {
-            "model_config": model.config, "model": model.state_dict(), "loss": loss_fn.state_dict(),
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(), "epoch": epoch + 1, "history": history,
-            "config": config, "class_names": split.test.class_names, "data_notes": split.notes,
-        }
-        _write_metrics(run_dir, history)  # rewritten from the checkpoint's history on --resume
-        plot_training(history, run_dir / "training.png", title=f"{config['name']}: {loss_name} on {config['dataset']}")
-        r1 = row.get("recall_at_k", {}).get(1)
-        if r1 is not None and r1 > best_r1:
-            best_r1 = r1
-            state["best_recall_at_1"] = best_r1
-            _save(state, run_dir / "best.pt")
-        state["best_recall_at_1"] = best_r1
-        _save(state, run_dir / "last.pt")
-        if progress:
-            _report(row, epoch, epochs)
-    return RunResult(run_dir, len(history), best_r1, last_metrics)
 
 
 def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:

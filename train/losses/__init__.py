@@ -9,7 +9,7 @@ from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
     PairLoss,
-    Reduction,
+    Weighting,
     label_masks,
     pair_masks,
 )
@@ -32,5 +32,5 @@ def names() -> list[str]:
     return LOSSES.names()
 
 
-__all__ = ["LOSSES", "MetricLoss", "Mined", "PairLoss", "Reduction", "build", "names",
+__all__ = ["LOSSES", "MetricLoss", "Mined", "PairLoss", "Weighting", "build", "names",
            "register", "label_masks", "pair_masks"]

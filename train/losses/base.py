@@ -1,8 +1,8 @@
 """The loss contract: every metric loss is a function of the B x B similarity matrix.
 
 Following the multi-similarity paper's General Pair Weighting (GPW) view, a pair-based loss is
-computed from `S = similarity(embeddings)`; `pair_weights` returns |dL/dS_ij| by autograd through
-the very same code path as `forward`.
+computed from `S = similarity(embeddings)` (or from the only block of S it reads, `block`);
+`pair_weights` returns |dL/dS_ij| by autograd through the very same code path as `forward`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ class Mined:
     triplets: tuple[Tensor, Tensor, Tensor] | None = None
 
 
-# A reduction turns per-pair losses into the batch loss: (losses, pos, neg, labels) -> scalar.
+# A weighting turns per-pair losses into the batch loss: (losses, pos, neg, labels) -> scalar.
 # `losses` is B x B, `pos` / `neg` are the B x B boolean masks of the pairs that count.
-Reduction = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+Weighting = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def check_inputs(embeddings: Tensor, labels: Tensor) -> None:
@@ -98,54 +98,72 @@ def distances_from_similarity(sim: Tensor, eps: float = 1e-12) -> Tensor:
 
 
 class MetricLoss(nn.Module):
-    """Base of every loss: called as `loss(embeddings, labels, mined=None, reduction=None)`."""
+    """Base of every loss: called as `loss(embeddings, labels, mined=None, weighting=None, indices=None)`.
+
+    `indices` are the batch's data set indices, for losses with per-image state (margin's beta_img).
+    """
 
     #: what mined input the loss consumes: "pairs" (masks), "triplets", or "none" (ignores it)
     mines: ClassVar[str] = "pairs"
-    #: whether a custom reduction (importance weights, DRO) can replace the default one
-    accepts_reduction: ClassVar[bool] = False
-    #: whether `forward` takes `indices` (each row's data set index) for per-image state
-    uses_indices: ClassVar[bool] = False
+    #: whether a weighting (importance weights, DRO) can replace the loss's own mean over pairs
+    accepts_weighting: ClassVar[bool] = False
     #: whether embeddings are L2-normalised before the similarity is taken
     normalize: bool = True
 
-    def similarity(self, embeddings: Tensor) -> Tensor:
-        """B x B similarity matrix: cosine on normalised embeddings, else dot product.
+    def similarity(self, embeddings: Tensor, other: Tensor | None = None) -> Tensor:
+        """Similarities of the rows of `embeddings` to those of `other` (default: all of S, B x B).
 
-        Computed in float32 (float64 inputs stay float64), with autocast off so that half-precision
-        training does not round the similarities the losses exponentiate.
+        Cosine on normalised embeddings, else the dot product; computed in float32 (float64 inputs
+        stay float64), with autocast off so that half-precision training does not round the
+        similarities the losses exponentiate.
         """
+        with torch.autocast(embeddings.device.type, enabled=False):
+            rows = self._prepare(embeddings)
+            return rows @ (rows if other is None else self._prepare(other)).t()
+
+    def _prepare(self, embeddings: Tensor) -> Tensor:
         emb = embeddings if embeddings.dtype == torch.float64 else embeddings.float()
-        with torch.autocast(emb.device.type, enabled=False):
-            if self.normalize:
-                emb = F.normalize(emb, dim=1)
-            return emb @ emb.t()
+        return F.normalize(emb, dim=1) if self.normalize else emb
+
+    def block(self, labels: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Rows and columns (batch indices) of the only block of S the loss reads; None: all of S."""
+        return None
+
+    def used_similarity(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        """The part of S that `loss_from_similarity` reads: all of S, or the block `block` names."""
+        block = self.block(labels)
+        if block is None:
+            return self.similarity(embeddings)
+        rows, cols = block
+        return self.similarity(embeddings[rows], embeddings[cols])
 
     def forward(
         self,
         embeddings: Tensor,
         labels: Tensor,
         mined: Mined | None = None,
-        reduction: Reduction | None = None,
+        weighting: Weighting | None = None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         """The batch loss, a scalar tensor."""
         check_inputs(embeddings, labels)
-        if reduction is not None and not self.accepts_reduction:
+        if weighting is not None and not self.accepts_weighting:
             raise ValueError(
-                f"loss {type(self).__name__} does not take a pair weighting (reduction); "
+                f"loss {type(self).__name__} does not take a pair weighting; "
                 "use a pair loss such as contrastive, or drop the weighting"
             )
-        sim = self.similarity(embeddings)
-        out = self.loss_from_similarity(sim, labels, mined, reduction)
+        sim = self.used_similarity(embeddings, labels)
+        out = self.loss_from_similarity(sim, labels, mined, weighting, indices)
         extra = self.extra_loss(embeddings)
         if extra is not None:
             out = out + extra
         return out + zero_loss(embeddings)  # keeps the graph even where the loss is constant
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
-        """The batch loss from the similarity matrix; subclasses implement this."""
+        """The batch loss from `used_similarity` (S, or its block); subclasses implement this."""
         raise NotImplementedError
 
     def extra_loss(self, embeddings: Tensor) -> Tensor | None:
@@ -153,35 +171,46 @@ class MetricLoss(nn.Module):
         return None
 
     def pair_weights(
-        self, embeddings: Tensor, labels: Tensor, mined: Mined | None = None
+        self, embeddings: Tensor, labels: Tensor, mined: Mined | None = None, indices: Tensor | None = None
     ) -> Tensor:
         """B x B General Pair Weighting |dL/dS_ij|, by autograd through `loss_from_similarity`."""
         check_inputs(embeddings, labels)
         with torch.enable_grad():
-            sim = self.similarity(embeddings.detach()).requires_grad_(True)
-            loss = self.loss_from_similarity(sim, labels, mined, None)
+            sim = self.used_similarity(embeddings.detach(), labels).requires_grad_(True)
+            loss = self.loss_from_similarity(sim, labels, mined, None, indices)
             (grad,) = torch.autograd.grad(loss, sim, allow_unused=True)
-        if grad is None:
-            return torch.zeros_like(sim)
-        return grad.abs()
+        weights = torch.zeros_like(sim) if grad is None else grad.abs()
+        block = self.block(labels)
+        if block is None:
+            return weights
+        full = weights.new_zeros(labels.shape[0], labels.shape[0])
+        full[block[0][:, None], block[1][None, :]] = weights
+        return full
 
 
 class PairLoss(MetricLoss):
-    """A loss that is a reduction of per-pair losses l_ij; any weighting can replace the mean."""
+    """A loss that weighs per-pair losses l_ij; any weighting can replace its own (the mean)."""
 
-    accepts_reduction: ClassVar[bool] = True
+    accepts_weighting: ClassVar[bool] = True
 
-    def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+    def pair_losses(
+        self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
         """B x B per-pair losses (only entries under pos | neg are used)."""
         raise NotImplementedError
 
-    def reduce(self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor) -> Tensor:
-        """Default reduction: mean over the pairs that count."""
+    def weigh(
+        self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
+        """The loss's own weighting: the mean over the pairs that count."""
         return masked_mean(losses, pos | neg)
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = pair_masks(labels, mined)
-        losses = self.pair_losses(sim, labels, pos, neg)
-        return (reduction or self.reduce)(losses, pos, neg, labels)
+        losses = self.pair_losses(sim, labels, pos, neg, indices)
+        if weighting is not None:
+            return weighting(losses, pos, neg, labels)
+        return self.weigh(losses, pos, neg, labels, indices)

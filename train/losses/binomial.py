@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from metricsearch.train.losses import register
-from metricsearch.train.losses.base import MetricLoss, Mined, Reduction, check_positive
+from metricsearch.train.losses.base import MetricLoss, Mined, Weighting, check_positive
 from metricsearch.train.losses.lifted import lifted_star_terms
 from metricsearch.train.losses.ms import check_epsilon, ms_pairs
 
@@ -43,7 +43,8 @@ class BinomialDevianceLoss(MetricLoss):
         self.mining, self.epsilon = mining, epsilon
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         return binomial_terms(sim, pos, neg, self.alpha, self.beta, self.base).mean()
@@ -70,7 +71,8 @@ class BinLiftedLoss(BinomialDevianceLoss):
     """
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         binomial = binomial_terms(sim, pos, neg, self.alpha, self.beta, self.base)

@@ -36,7 +36,9 @@ class ContrastiveLoss(PairLoss):
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
         self.margin, self.form, self.sim_margin = margin, form, sim_margin
 
-    def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+    def pair_losses(
+        self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
         if self.form == "similarity":
             return torch.where(pos, -sim, F.relu(sim - self.sim_margin))
         g, h = contrastive_terms(sim, self.margin)
@@ -56,7 +58,9 @@ class WeightedContrastiveLoss(PairLoss):
         """eta_ij, the weight of the negative pair (i, j): a scalar or a B x B matrix."""
         return self.eta
 
-    def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+    def pair_losses(
+        self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
         g, h = contrastive_terms(sim, self.margin)
         eta = torch.as_tensor(self.negative_weights(labels), dtype=h.dtype, device=h.device)
         return torch.where(pos, g, eta * h)

@@ -1,22 +1,23 @@
 """Distributionally robust pair weightings (Qi et al., DRO framework) and the dro_* losses.
 
-The three weightings are reductions `(losses, pos, neg, labels) -> scalar` over the per-pair
-losses of any pair loss: TopK (mean of the K largest), TopK-PN (sum of the K/2 largest positive
+The three weightings map the per-pair losses of any pair loss to the batch loss,
+`(losses, pos, neg, labels) -> scalar`: TopK (mean of the K largest), TopK-PN (sum of the K/2 largest positive
 and the K/2 largest negative ones; the paper's p is in {0, 1}, so a sum) and KL
 (`gamma * log mean exp(l / gamma)`). A dro_* loss is a base pair loss plus one of them.
 """
 
 from __future__ import annotations
 
+import inspect
 from numbers import Integral
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from metricsearch.train.losses import LOSSES, register
-from metricsearch.train.losses.base import PairLoss, Reduction, check_positive, masked_logsumexp
+from metricsearch.train.losses.base import PairLoss, Weighting, check_positive, masked_logsumexp
 
 
 def masked_topk_sum(losses: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -34,10 +35,10 @@ def check_k(k: int, least: int) -> None:
         raise ValueError(f"k must be an integer >= {least}, got {k!r}")
 
 
-class TopKReduction:
+class TopKWeighting:
     """DRO-TopK: mean of the K largest pair losses (the mean of all pairs when there are <= K)."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int = 100) -> None:
         check_k(k, 1)
         self.k = k
 
@@ -46,10 +47,10 @@ class TopKReduction:
         return total / count.clamp(min=1)
 
 
-class TopKPNReduction:
+class TopKPNWeighting:
     """DRO-TopK-PN: sum of the K/2 largest positive and the K/2 largest negative pair losses."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int = 100) -> None:
         check_k(k, 2)
         self.k = k
 
@@ -59,10 +60,10 @@ class TopKPNReduction:
         return pos_total + neg_total
 
 
-class KLReduction:
+class KLWeighting:
     """DRO-KL: `gamma * log mean exp(l / gamma)` over the pairs (-> mean as gamma grows, max as it shrinks)."""
 
-    def __init__(self, gamma: float) -> None:
+    def __init__(self, gamma: float = 0.1) -> None:
         check_positive(gamma=gamma)
         self.gamma = gamma
 
@@ -87,7 +88,9 @@ class SimilarityMarginLoss(PairLoss):
             raise ValueError(f"margin must be >= 0, got {margin}")
         self.margin, self.lam = margin, lam
 
-    def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+    def pair_losses(
+        self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
         y = pos.to(sim.dtype) * 2.0 - 1.0
         return F.relu(self.margin + y * (self.lam - sim))
 
@@ -115,69 +118,51 @@ def build_base(
 
 
 class DROLoss(PairLoss):
-    """A base pair loss whose mean over pairs is replaced by a DRO weighting."""
+    """A base pair loss whose own weighting (the mean over pairs) is replaced by a DRO weighting."""
 
     def __init__(
         self,
-        weighting: Reduction,
-        base: str | None,
-        base_params: dict[str, Any] | None,
-        class_counts: dict[int, int] | None,
-        num_classes: int | None,
+        weighting: Weighting,
+        base: str | None = None,
+        base_params: dict[str, Any] | None = None,
+        class_counts: dict[int, int] | None = None,
+        num_classes: int | None = None,
     ) -> None:
         super().__init__()
         self.weighting = weighting
         self.base = build_base(base, base_params, class_counts, num_classes)
         self.normalize = self.base.normalize
 
-    def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
-        return self.base.pair_losses(sim, labels, pos, neg)
+    def pair_losses(
+        self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
+        return self.base.pair_losses(sim, labels, pos, neg, indices)
 
-    def reduce(self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor) -> Tensor:
+    def weigh(
+        self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
         """The DRO weighting of the pair losses."""
         return self.weighting(losses, pos, neg, labels)
 
 
-@register("dro_topk")
-class DROTopKLoss(DROLoss):
-    """DRO-TopK: mean of the K largest pair losses of the batch (base: the paper's margin loss, or `base`)."""
-
-    def __init__(
-        self,
-        k: int = 100,
-        base: str | None = None,
-        base_params: dict[str, Any] | None = None,
-        class_counts: dict[int, int] | None = None,
-        num_classes: int | None = None,
-    ) -> None:
-        super().__init__(TopKReduction(k), base, base_params, class_counts, num_classes)
+#: the DRO weightings by name; each is also a loss, `dro_*`, over a base pair loss
+DRO_WEIGHTINGS: dict[str, type] = {"dro_topk": TopKWeighting, "dro_topk_pn": TopKPNWeighting, "dro_kl": KLWeighting}
 
 
-@register("dro_topk_pn")
-class DROTopKPNLoss(DROLoss):
-    """DRO-TopK-PN: sum of the K/2 largest positive and K/2 largest negative pair losses."""
+def dro_loss_factory(weighting: type) -> Callable[..., DROLoss]:
+    """The factory of the DRO loss of `weighting`: the weighting's parameters, then DROLoss's."""
+    own = [p for name, p in inspect.signature(DROLoss).parameters.items() if name != "weighting"]
+    own_names = {p.name for p in own}
 
-    def __init__(
-        self,
-        k: int = 100,
-        base: str | None = None,
-        base_params: dict[str, Any] | None = None,
-        class_counts: dict[int, int] | None = None,
-        num_classes: int | None = None,
-    ) -> None:
-        super().__init__(TopKPNReduction(k), base, base_params, class_counts, num_classes)
+    def factory(**params: Any) -> DROLoss:
+        loss_params = {k: params.pop(k) for k in list(params) if k in own_names}
+        return DROLoss(weighting(**params), **loss_params)
+
+    signature = inspect.Signature([*inspect.signature(weighting).parameters.values(), *own])
+    factory.__signature__ = signature  # type: ignore[attr-defined]  # what the registry checks and lists
+    factory.__doc__ = weighting.__doc__
+    return factory
 
 
-@register("dro_kl")
-class DROKLLoss(DROLoss):
-    """DRO-KL: `gamma * log mean exp(l / gamma)` of the pair losses (a soft maximum)."""
-
-    def __init__(
-        self,
-        gamma: float = 0.1,
-        base: str | None = None,
-        base_params: dict[str, Any] | None = None,
-        class_counts: dict[int, int] | None = None,
-        num_classes: int | None = None,
-    ) -> None:
-        super().__init__(KLReduction(gamma), base, base_params, class_counts, num_classes)
+for _name, _weighting in DRO_WEIGHTINGS.items():
+    register(_name)(dro_loss_factory(_weighting))

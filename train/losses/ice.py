@@ -11,7 +11,7 @@ from metricsearch.train.losses import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Reduction,
+    Weighting,
     check_positive,
     masked_logsumexp,
     pair_masks,
@@ -62,7 +62,8 @@ class InstanceCrossEntropyLoss(MetricLoss):
         self.scale, self.reweight = scale, reweight
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = pair_masks(labels, mined)
         n = sim.shape[0]

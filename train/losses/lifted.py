@@ -12,7 +12,7 @@ from metricsearch.train.losses import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Reduction,
+    Weighting,
     check_positive,
     distances_from_similarity,
     masked_logsumexp,
@@ -46,7 +46,8 @@ class LiftedStructureLoss(MetricLoss):
         self.margin = margin
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = pair_masks(labels, mined)
         dist = distances_from_similarity(sim)
@@ -64,7 +65,7 @@ class GeneralizedLiftedStructureLoss(MetricLoss):
     Per anchor [log sum_{P_i} e^{l - S_ik} + log sum_{N_i} e^{S_ik}]_+ (0 for anchors lacking
     positives or negatives). Eq. 6 sums over anchors; we take the mean (1/m), which is
     pytorch-metric-learning's GeneralizedLiftedStructureLoss(pos_margin=l, neg_margin=0,
-    distance=CosineSimilarity()) with its mean reduction, and keeps the scale batch-size free.
+    distance=CosineSimilarity()) with its MeanReducer, and keeps the scale batch-size free.
     """
 
     def __init__(self, margin: float = 1.0) -> None:
@@ -74,7 +75,8 @@ class GeneralizedLiftedStructureLoss(MetricLoss):
         self.margin = margin
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = pair_masks(labels, mined)
         lse = masked_logsumexp(self.margin - sim, pos, dim=1) + masked_logsumexp(sim, neg, dim=1)
@@ -100,7 +102,8 @@ class LiftedStarLoss(MetricLoss):
         self.alpha, self.beta, self.mining, self.epsilon = alpha, beta, mining, epsilon
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         return lifted_star_terms(sim, pos, neg, self.alpha, self.beta).mean()

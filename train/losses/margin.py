@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from metricsearch.train.losses import register
-from metricsearch.train.losses.base import Mined, PairLoss, Reduction, distances_from_similarity
+from metricsearch.train.losses.base import PairLoss, distances_from_similarity
 
 BETA_MODES = ("fixed", "learned", "class", "image")
 
@@ -22,14 +22,13 @@ class MarginLoss(PairLoss):
     constant and a per-class offset beta_class (starting at 0, labels in [0, num_classes)) is
     learned; "image": the paper's full form, a per-class and a per-image offset beta_img
     (starting at 0, one per training image: `num_images`) are learned, the batch's data set
-    indices selecting the per-image terms (`forward(..., indices=...)`, passed by the trainer;
-    `pair_weights`, which has no indices, leaves the per-image term out). With learned betas the regulariser nu * sum over the pairs of beta(i) (the
-    paper's objective, one term per pair) is added before dividing by the number of pairs with
-    non-zero loss. `beta_lr` is the betas' own learning rate (the paper gives none; 0.0005 as in
-    Roth et al.'s "Revisiting" benchmark; None: the base learning rate), see `param_groups`.
+    indices selecting the per-image terms (`forward(..., indices=...)`, passed by the trainer, and
+    `pair_weights(..., indices=...)`). With learned betas the regulariser nu * sum over the pairs
+    of beta(i) (the paper's objective, one term per pair) is added before dividing by the number of
+    pairs with non-zero loss. `beta_lr` is the betas' own learning rate (the paper gives none;
+    0.0005 as in Roth et al.'s "Revisiting" benchmark; None: the base learning rate), see
+    `param_groups`.
     """
-
-    uses_indices: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -65,32 +64,9 @@ class MarginLoss(PairLoss):
             nn.Parameter(torch.zeros(num_classes)) if beta_mode in ("class", "image") else None
         )
         self.beta_image = nn.Parameter(torch.zeros(num_images)) if beta_mode == "image" else None
-        self._indices: Tensor | None = None
 
-    def forward(
-        self,
-        embeddings: Tensor,
-        labels: Tensor,
-        mined: Mined | None = None,
-        reduction: Reduction | None = None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
-        """The batch loss; `indices` (each row's data set index) select the per-image betas."""
-        if self.beta_image is not None:
-            if indices is None:
-                raise ValueError("beta_mode='image' needs indices: the data set index of every embedding")
-            if indices.shape != labels.shape or indices.min() < 0 or indices.max() >= len(self.beta_image):
-                raise ValueError(
-                    f"indices must be one per embedding, in [0, num_images={len(self.beta_image)})"
-                )
-        self._indices = indices
-        try:
-            return super().forward(embeddings, labels, mined, reduction)
-        finally:
-            self._indices = None
-
-    def betas(self, labels: Tensor) -> Tensor:
-        """beta(i) for every anchor of the batch (a length-B vector)."""
+    def betas(self, labels: Tensor, indices: Tensor | None = None) -> Tensor:
+        """beta(i) for every anchor of the batch (a length-B vector); `indices` select the per-image terms."""
         beta = self.beta0.expand(labels.shape[0])
         if self.beta_class is not None:
             if labels.min() < 0 or labels.max() >= self.beta_class.shape[0]:
@@ -99,21 +75,31 @@ class MarginLoss(PairLoss):
                     "for beta_mode='class'"
                 )
             beta = beta + self.beta_class[labels]
-        if self.beta_image is not None and self._indices is not None:
-            beta = beta + self.beta_image[self._indices]
+        if self.beta_image is not None:
+            if indices is None:
+                raise ValueError("beta_mode='image' needs indices: the data set index of every embedding")
+            if indices.shape != labels.shape or indices.min() < 0 or indices.max() >= len(self.beta_image):
+                raise ValueError(
+                    f"indices must be one per embedding, in [0, num_images={len(self.beta_image)})"
+                )
+            beta = beta + self.beta_image[indices]
         return beta
 
-    def pair_losses(self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+    def pair_losses(
+        self, sim: Tensor, labels: Tensor, pos: Tensor, neg: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
         y = pos.to(sim.dtype) * 2.0 - 1.0
-        beta = self.betas(labels).to(sim.dtype)[:, None]
+        beta = self.betas(labels, indices).to(sim.dtype)[:, None]
         return F.relu(self.margin + y * (distances_from_similarity(sim) - beta))
 
-    def reduce(self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor) -> Tensor:
+    def weigh(
+        self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor, indices: Tensor | None = None
+    ) -> Tensor:
         """Sum of the pair losses (plus the beta regulariser) over the number of non-zero ones."""
         used = pos | neg
         total = torch.where(used, losses, torch.zeros_like(losses)).sum()
         if self.beta_mode != "fixed" and self.nu > 0:
-            beta = self.betas(labels).to(losses.dtype)
+            beta = self.betas(labels, indices).to(losses.dtype)
             total = total + self.nu * (used.sum(dim=1).to(losses.dtype) * beta).sum()
         return total / ((losses > 0) & used).sum().clamp(min=1)
 

@@ -10,7 +10,7 @@ from metricsearch.train.losses import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Reduction,
+    Weighting,
     check_positive,
     masked_logsumexp,
     pair_masks,
@@ -52,7 +52,7 @@ class MultiSimilarityLoss(MetricLoss):
     """Multi-similarity loss: MS pair mining then soft weighting by self and relative similarity (eq. 15).
 
     Normalised by 1/m over all m anchors of the batch (eq. 15), like pytorch-metric-learning's
-    MultiSimilarityLoss with its default mean reduction over anchors.
+    MultiSimilarityLoss with its default MeanReducer over anchors.
     """
 
     def __init__(
@@ -66,7 +66,8 @@ class MultiSimilarityLoss(MetricLoss):
         self.mining = mining
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         pos_term = log1p_sum_exp(-self.alpha * (sim - self.base), pos) / self.alpha
@@ -95,7 +96,8 @@ class MSMiningLoss(MetricLoss):
         self.epsilon = epsilon
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, True, self.epsilon)
         zero = torch.zeros_like(sim)

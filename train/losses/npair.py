@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from metricsearch.train.losses import register
-from metricsearch.train.losses.base import MetricLoss, Mined, Reduction, check_inputs, zero_loss
+from metricsearch.train.losses.base import MetricLoss, Mined, Weighting, zero_loss
 
 
 def first_two_per_class(labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -36,9 +36,8 @@ class NPairLoss(MetricLoss):
     `-log exp(S_ap) / sum_k exp(S_a,p_k)` with S the dot product, plus `l2_reg * mean_i ||f_i||^2`
     over the whole batch (Sohn's regulariser; 0 disables it and matches pytorch-metric-learning).
 
-    Only the n x n anchor-positive block of S is used, so `forward` computes that block alone
-    (n^2 dot products instead of B^2); `loss_from_similarity` (and with it `pair_weights`) reads the
-    same block from the full B x B matrix, through the same `npair_loss`.
+    Only the n x n anchor-positive block of S is used, so `block` names it and the loss is computed
+    from that block alone (n^2 dot products instead of B^2), in `forward` and `pair_weights` alike.
     """
 
     mines: ClassVar[str] = "none"
@@ -50,42 +49,16 @@ class NPairLoss(MetricLoss):
             raise ValueError(f"l2_reg must be >= 0, got {l2_reg}")
         self.l2_reg = l2_reg
 
-    def forward(
-        self,
-        embeddings: Tensor,
-        labels: Tensor,
-        mined: Mined | None = None,
-        reduction: Reduction | None = None,
-    ) -> Tensor:
-        """The batch loss, as `MetricLoss.forward` computes it, from the anchor-positive block of S."""
-        if reduction is not None:  # MetricLoss.forward checks (and words) this
-            return super().forward(embeddings, labels, mined, reduction)
-        check_inputs(embeddings, labels)
-        anchors, positives = first_two_per_class(labels)
-        if anchors.numel() > 0:
-            out = npair_loss(self.block_similarity(embeddings[anchors], embeddings[positives]))
-        else:
-            out = zero_loss(embeddings)  # keeps the graph where there is no pair
-        extra = self.extra_loss(embeddings)
-        return out if extra is None else out + extra
-
-    def block_similarity(self, rows: Tensor, cols: Tensor) -> Tensor:
-        """The block of S between `rows` and `cols`, computed as `similarity` computes S."""
-
-        def prepare(emb: Tensor) -> Tensor:
-            emb = emb if emb.dtype == torch.float64 else emb.float()
-            return F.normalize(emb, dim=1) if self.normalize else emb
-
-        with torch.autocast(rows.device.type, enabled=False):
-            return prepare(rows) @ prepare(cols).t()
+    def block(self, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """The anchors (rows) and positives (columns): the first two images of each class."""
+        return first_two_per_class(labels)
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
-        anchors, positives = first_two_per_class(labels)
-        if anchors.numel() == 0:
-            return zero_loss(sim)
-        return npair_loss(sim[anchors[:, None], positives[None, :]])
+        """The N-pair loss from the anchor-positive block of S (0, with graph, when it is empty)."""
+        return npair_loss(sim) if sim.numel() > 0 else zero_loss(sim)
 
     def extra_loss(self, embeddings: Tensor) -> Tensor | None:
         """The L2 penalty `l2_reg * mean ||f||^2` (None when l2_reg is 0)."""

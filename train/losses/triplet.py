@@ -20,7 +20,7 @@ from metricsearch.train.losses import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Reduction,
+    Weighting,
     distances_from_similarity,
     pair_masks,
 )
@@ -93,7 +93,8 @@ class TripletLoss(MetricLoss):
         self.margin = margin
 
     def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, reduction: Reduction | None
+        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+        indices: Tensor | None = None,
     ) -> Tensor:
         dist = (2.0 - 2.0 * sim).clamp(min=0.0) if self.squared else distances_from_similarity(sim)
         if mined is not None and mined.triplets is not None:

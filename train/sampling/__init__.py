@@ -7,12 +7,12 @@ from typing import Any, Callable
 import numpy as np
 
 from metricsearch.registry import Registry
-from metricsearch.train.losses.base import Mined, Reduction
+from metricsearch.train.losses.base import Mined, Weighting
 from metricsearch.train.sampling.base import LabelBatchSampler
 
 SAMPLERS: Registry[LabelBatchSampler] = Registry("sampler")
 MINERS: Registry[Callable[..., Mined]] = Registry("miner")
-WEIGHTINGS: Registry[Reduction] = Registry("weighting")
+WEIGHTINGS: Registry[Weighting] = Registry("weighting")
 register_sampler = SAMPLERS.register
 register_miner = MINERS.register
 register_weighting = WEIGHTINGS.register
@@ -33,21 +33,7 @@ def build_miner(name: str, **params: Any) -> Callable[..., Mined]:
     return MINERS.build(name, None, **params)
 
 
-def build_weighting(name: str, context: dict[str, Any] | None = None, **params: Any) -> Reduction:
-    """A pair weighting (a reduction of per-pair losses) by registry name."""
+def build_weighting(name: str, context: dict[str, Any] | None = None, **params: Any) -> Weighting:
+    """A pair weighting (per-pair losses -> the batch loss) by registry name."""
     return WEIGHTINGS.build(name, context, **params)
 
-
-def sampler_names() -> list[str]:
-    """Registered sampler names."""
-    return SAMPLERS.names()
-
-
-def miner_names() -> list[str]:
-    """Registered miner names."""
-    return MINERS.names()
-
-
-def weighting_names() -> list[str]:
-    """Registered weighting names."""
-    return WEIGHTINGS.names()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Iterator, Sequence
 
 import numpy as np
 from torch import Tensor
@@ -11,8 +12,28 @@ from torch.utils.data import Sampler
 from metricsearch.train.losses.base import Mined
 
 
+@dataclass(frozen=True)
+class Design:
+    """A batch design's pair probabilities Q (C x C over class pairs) and its pair slots per batch.
+
+    Q(c, d) is the probability of one ordered image pair with classes (c, d) per pair slot: the
+    probability that a batch holds it, over `slots`, the ordered pairs a batch compares.
+    """
+
+    q: np.ndarray
+    slots: int
+
+
+def draw_per_class(rng: np.random.Generator, members: Sequence[np.ndarray], classes: np.ndarray, m: int) -> np.ndarray:
+    """m distinct images of each of `classes` (all images of a class with fewer), concatenated."""
+    return np.concatenate([rng.choice(members[c], size=min(m, len(members[c])), replace=False) for c in classes])
+
+
 class LabelBatchSampler(Sampler[list[int]]):
     """Yields lists of data set indices; batches depend only on (seed, epoch), split across ranks."""
+
+    #: whether a batch is a list of designated pairs (`pairs` names them) rather than a set of images
+    fixes_pairs: ClassVar[bool] = False
 
     def __init__(
         self, labels: np.ndarray, seed: int = 0, rank: int = 0, world_size: int = 1,
@@ -59,4 +80,8 @@ class LabelBatchSampler(Sampler[list[int]]):
 
     def pairs(self, batch_labels: np.ndarray | Tensor) -> Mined | None:
         """The pairs a pair-list design fixes within a batch (None: all pairs of the batch count)."""
+        return None
+
+    def design(self, counts: np.ndarray) -> Design | None:
+        """The pair probabilities of the batches over classes with `counts` images; None when unknown."""
         return None

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from metricsearch.train.losses.base import Mined, MetricLoss, Reduction
+from metricsearch.train.losses.base import Mined, MetricLoss, Weighting
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.importance import ImportanceWeighting
-from metricsearch.train.sampling.p_random import PRandomSampler
 
 
 def check_compatible(
     loss: MetricLoss,
     miner: Callable[..., Mined] | None = None,
-    weighting: Reduction | None = None,
+    weighting: Weighting | None = None,
     sampler: LabelBatchSampler | None = None,
 ) -> None:
     """Raise a ValueError naming the clash when the components cannot train together."""
@@ -31,14 +30,14 @@ def check_compatible(
             f"miner {type(miner).__name__} yields pairs but loss {loss_name} takes triplets; "
             "use a triplet miner (semihard, hard, batch_hard, distance_weighted) or a pair loss"
         )
-    if weighting is not None and not loss.accepts_reduction:
+    if weighting is not None and not loss.accepts_weighting:
         raise ValueError(
             f"loss {loss_name} does not take a pair weighting; use a pair loss such as contrastive "
             "or drop the weighting"
         )
-    if isinstance(sampler, PRandomSampler) and loss.mines != "pairs":
+    if sampler is not None and sampler.fixes_pairs and loss.mines != "pairs":
         raise ValueError(
-            f"the p_random sampler fixes pairs but loss {loss_name} needs "
+            f"sampler {type(sampler).__name__} fixes the pairs of each batch but loss {loss_name} needs "
             f"{'triplets' if loss.mines == 'triplets' else 'the whole batch'}; use a pair loss or the group sampler"
         )
     if isinstance(weighting, ImportanceWeighting):

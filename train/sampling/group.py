@@ -7,7 +7,24 @@ import warnings
 import numpy as np
 
 from metricsearch.train.sampling import register_sampler
-from metricsearch.train.sampling.base import LabelBatchSampler
+from metricsearch.train.sampling.base import Design, LabelBatchSampler, draw_per_class
+
+
+def q_group(counts: np.ndarray, m: int, n: int) -> np.ndarray:
+    """C x C: Q of one ordered pair with classes (c, d) under the (m, n)-group design (eq. 9).
+
+    Generalised to the group sampler's rules: classes with one image are never drawn (L counts
+    the others) and a class with N_c < m contributes all m_c = N_c of its images; with every
+    N_c >= m this is exactly eq. 9.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    drawn = counts >= 2
+    big_l = drawn.sum()
+    m_c = np.where(drawn, np.minimum(m, counts), 0.0)
+    slots = m * n * (m * n - 1)
+    pos = n / big_l * m_c * (m_c - 1) / np.maximum(counts * (counts - 1), 1)
+    neg = n * (n - 1) / (big_l * (big_l - 1)) * np.outer(m_c / counts, m_c / counts)
+    return np.where(np.eye(len(counts), dtype=bool), np.diag(pos), neg) / slots
 
 
 @register_sampler("group")
@@ -46,8 +63,8 @@ class GroupSampler(LabelBatchSampler):
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         chosen = rng.choice(len(self.members), size=self.n, replace=False)
-        parts = []
-        for c in chosen:
-            idx = self.members[c]
-            parts.append(rng.choice(idx, size=min(self.m, len(idx)), replace=False))
-        return np.concatenate(parts)
+        return draw_per_class(rng, self.members, chosen, self.m)
+
+    def design(self, counts: np.ndarray) -> Design:
+        """Eq. 9's Q over all ordered pairs of the m n images of a batch."""
+        return Design(q_group(counts, self.m, self.n), self.batch_size * (self.batch_size - 1))

@@ -6,7 +6,7 @@ import numpy as np
 from torch import Tensor
 
 from metricsearch.train.sampling import register_sampler
-from metricsearch.train.sampling.base import LabelBatchSampler
+from metricsearch.train.sampling.base import LabelBatchSampler, draw_per_class
 
 
 @register_sampler("npair_hard_class")
@@ -92,8 +92,4 @@ class HardClassSampler(LabelBatchSampler):
         return order[picked]
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
-        parts = []
-        for c in self.choose_classes(rng):
-            idx = self.members[c]
-            parts.append(rng.choice(idx, size=min(self.m, len(idx)), replace=False))
-        return np.concatenate(parts)
+        return draw_per_class(rng, self.members, self.choose_classes(rng), self.m)

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from metricsearch.train.losses.base import Mined
 from metricsearch.train.sampling import register_sampler
-from metricsearch.train.sampling.base import LabelBatchSampler
+from metricsearch.train.sampling.base import Design, LabelBatchSampler
+
+
+def q_p_random(counts: np.ndarray, p: float) -> np.ndarray:
+    """C x C: Q of one ordered pair with classes (c, d) under the p-random design (eq. 8).
+
+    Positive pairs are drawn from the classes with >= 2 images (L+ of them), negative pairs from
+    all L classes; with no single-image class L+ = L and this is exactly eq. 8.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    multi = counts >= 2
+    big_l = len(counts)
+    pos = np.where(multi, p / (multi.sum() * np.maximum(counts * (counts - 1), 1)), 0.0)
+    neg = (1 - p) / (big_l * (big_l - 1) * np.outer(counts, counts))
+    return np.where(np.eye(big_l, dtype=bool), np.diag(pos), neg)
 
 
 @register_sampler("p_random")
@@ -18,6 +34,8 @@ class PRandomSampler(LabelBatchSampler):
     Positive pair: a class uniformly among those with >= 2 images, then two distinct images of it.
     Negative pair: an ordered pair of distinct classes uniformly among all classes, one image each.
     """
+
+    fixes_pairs: ClassVar[bool] = True
 
     def __init__(
         self, labels: np.ndarray, p: float = 0.5, pairs_per_batch: int = 32, seed: int = 0,
@@ -55,6 +73,10 @@ class PRandomSampler(LabelBatchSampler):
         first = np.where(positive, self.starts[c_pos] + i_pos, self.starts[c_neg] + rng.integers(self.counts[c_neg]))
         second = np.where(positive, self.starts[c_pos] + j_pos, self.starts[d_neg] + rng.integers(self.counts[d_neg]))
         return self.order[np.stack([first, second], axis=1).reshape(-1)]
+
+    def design(self, counts: np.ndarray) -> Design:
+        """Eq. 8's Q over the designated pairs, each held in both directions: B = 2 x pairs slots."""
+        return Design(q_p_random(counts, self.p), self.batch_size)
 
     def pairs(self, batch_labels: np.ndarray | Tensor) -> Mined:
         """Masks of exactly the designated pairs (2k, 2k+1), both directions, split by label."""

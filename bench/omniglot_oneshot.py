@@ -1,0 +1,219 @@
+"""Omniglot one-shot, cross-validated over alphabets: how good is a recipe on alphabets it never saw?
+
+The shipped recipe `configs/omniglot.yaml` is a final fit (all 8 background alphabets train, nothing
+held out). This script measures recipes by 2-fold cross-validation over the 8 alphabets of the two
+minimal background sets (alphabets sorted by name, every second one in fold A's test):
+
+* fold A (`split=test`): train Balinese, Greek, Korean, Sanskrit; test Early_Aramaic,
+  Japanese (katakana), Latin, Tagalog;
+* fold B (`split=swap`): the other way round.
+
+Each recipe trains once per fold; its last epoch (never a test-selected best) embeds the fold's test
+alphabets, and the script scores 20-way one-shot episodes of two protocols (evaluation/oneshot.py):
+`within_alphabet` (the official protocol of Lake et al. 2015: 20 characters of one alphabet, support
+and query by two different drawers; Tagalog, with 17 characters, cannot hold a 20-way episode and is
+left out of it) and `across_alphabets` (20 characters from anywhere, easier). Episodes of both folds
+are pooled: error = mean episode error, with its 95% confidence interval; "vs current" is the paired
+difference to the current recipe on the very same episodes. The raw-pixel baseline needs no training.
+
+Run: `python bench/omniglot_oneshot.py` (all rows, about 35 minutes on 2 idle cores), or
+`--recipes current final` for a subset. Prints one line per training, then a markdown table; writes
+it with the raw numbers to bench/results/omniglot_oneshot.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from metricsearch.data import ImageSet, load_split
+from metricsearch.evaluation.oneshot import episode_errors, mean_ci
+from metricsearch.models import PixelEmbedder
+from metricsearch.models.embedder import load_embedder
+from metricsearch.train.config import load_config
+from metricsearch.train.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "omniglot"
+FINAL_CONFIG = REPO / "configs" / "omniglot.yaml"
+RESULTS = REPO / "bench" / "results" / "omniglot_oneshot"
+FOLDS = {"A": "test", "B": "swap"}
+
+#: configs/omniglot.yaml before the one-shot work (commit e656d28): 4 alphabets, held-out test
+CURRENT = """
+name: omniglot
+model:
+  backbone: small_cnn
+  dim: 128
+  normalize: true
+  preprocessing: {size: 28, channels: 1, mean: [0.9], std: [0.3], resize: stretch}
+augment: {name: affine, degrees: 10, translate: [0.08, 0.08], scale: [0.9, 1.1], shear: 5, fill: 255}
+sampler: {name: group, classes_per_batch: 32, images_per_class: 4}
+loss: {name: ms, alpha: 2.0, beta: 50.0, base: 0.5, epsilon: 0.1}
+optimizer: {name: adamw, lr: 0.002, head_lr: 0.002, weight_decay: 0.0001}
+schedule: {name: cosine, warmup_epochs: 1}
+epochs: 60
+eval: {every: 5, batch_size: 512, nmi: true, one_shot_ways: 20}
+"""
+
+#: row name -> (base: "current" or "final", overrides, what it tries). Rows that change one thing of
+#: the current recipe, then the final recipe and ablations of it. "final" rows also get a "no TTA"
+#: twin for free (the same trained weights, scored without the test-time shifted views).
+RECIPES: dict[str, tuple[str, list[str], str]] = {
+    "current": ("current", [], "configs/omniglot.yaml before this work"),
+    "final": ("final", [], "configs/omniglot.yaml (the shipped recipe)"),
+}
+
+
+def recipe_config(name: str, base: str, overrides: list[str], fold: str, data: Path, out: Path,
+                  scale: float = 1.0) -> dict[str, Any]:
+    """The training config of one recipe on one fold: held-out evaluation only at the last epoch;
+    `scale` multiplies its epochs (a shorter schedule for every recipe alike)."""
+    fixed = [f"dataset=omniglot:{data}", f"split={FOLDS[fold]}", f"output_dir={out}", f"name={name}-{fold}",
+             "eval.every=100000", "eval.nmi=false", "eval.one_shot_ways=null"]
+    if base == "current":
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(CURRENT)
+        try:
+            config = load_config(f.name, [*overrides, *fixed])
+        finally:
+            os.unlink(f.name)
+    else:
+        config = load_config(FINAL_CONFIG, [*overrides, *fixed])
+    config["epochs"] = max(1, round(int(config["epochs"]) * scale))
+    return config
+
+
+def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]:
+    """Per-episode 20-way errors of both protocols (seeded: every recipe sees the same episodes)."""
+    return {protocol: episode_errors(x, test.labels, test.groups, test.sources, 20, protocol, episodes, seed=0)
+            for protocol in ("within_alphabet", "across_alphabets")}
+
+
+def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
+        keep: Path | None = None) -> list[dict[str, Any]]:
+    splits = {fold: load_split(f"omniglot:{data}", split=FOLDS[fold]) for fold in folds}
+    rows: list[dict[str, Any]] = []
+    pixels = PixelEmbedder(28)
+    rows.append({"recipe": "pixels", "what": "raw 28x28 pixels, no training", "train_s": {},
+                 "errors": {fold: score(pixels.embed_set(s.test), s.test, episodes) for fold, s in splits.items()}})
+    trained = [{"recipe": name, "what": RECIPES[name][2], "train_s": {}, "load": {}, "errors": {}} for name in recipes]
+    twins = {name: {"recipe": f"{name}, no TTA", "what": "same weights, test-time views off", "train_s": row["train_s"],
+                    "errors": {}} for name, row in zip(recipes, trained)}
+    with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
+        out = keep or Path(tmp)
+        for fold, split in splits.items():  # fold by fold: a stopped run still compares recipes on whole folds
+            for name, row in zip(recipes, trained):
+                base, overrides, _ = RECIPES[name]
+                config = recipe_config(name, base, [*overrides, *extra], fold, data, out, scale)
+                row["epochs"] = twins[name]["epochs"] = config["epochs"]
+                row["load"][fold] = os.getloadavg()[0]
+                t0 = time.perf_counter()
+                result = train(config, progress=False)
+                row["train_s"][fold] = time.perf_counter() - t0
+                model = load_embedder(result.run_dir / "last.pt")
+                row["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
+                if model.tta_shifts:
+                    model.tta_shifts = []
+                    twins[name]["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
+                e = row["errors"][fold]
+                print(f"{name} fold {fold}: {row['train_s'][fold]:.0f} s (load {row['load'][fold]:.1f}), "
+                      f"within {e['within_alphabet'].mean():.4f}, across {e['across_alphabets'].mean():.4f}",
+                      file=sys.stderr, flush=True)
+            done = list(trained[0]["errors"])
+            partial = [{**rows[0], "errors": {f: rows[0]["errors"][f] for f in done}}, *trained,
+                       *(t for t in twins.values() if t["errors"])]
+            print(table(summarise(partial), episodes), file=sys.stderr, flush=True)
+    for name, row in zip(recipes, trained):
+        rows.append(row)
+        if twins[name]["errors"]:
+            rows.append(twins[name])
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pooled errors with CIs, and paired differences to the current recipe."""
+    folds = list(rows[0]["errors"])
+    pooled = {r["recipe"]: {p: np.concatenate([r["errors"][f][p] for f in folds]) for p in
+                            ("within_alphabet", "across_alphabets")} for r in rows}
+    ref = pooled.get("current")
+    out = []
+    for r in rows:
+        e = pooled[r["recipe"]]
+        item = {"recipe": r["recipe"], "what": r["what"], "epochs": r.get("epochs"),
+                "train_s": {f: round(t, 1) for f, t in r["train_s"].items()},
+                "load": {f: round(v, 2) for f, v in r.get("load", {}).items()}}
+        for p, values in e.items():
+            item[p] = mean_ci(values)
+            item[f"{p}_by_fold"] = {f: float(r["errors"][f][p].mean()) for f in folds}
+            if ref is not None:
+                item[f"{p}_vs_current"] = mean_ci(values - ref[p], clip=None)
+        out.append(item)
+    return out
+
+
+def table(summary: list[dict[str, Any]], episodes: int) -> str:
+    def ci(v) -> str:
+        return f"{100 * v[0]:.1f} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
+
+    def diff(v) -> str:
+        return f"{100 * v[0]:+.1f} [{100 * v[1]:+.1f}, {100 * v[2]:+.1f}]"
+
+    lines = [
+        f"20-way one-shot error in % [95% CI], both folds pooled ({episodes} episodes per fold and protocol)",
+        "",
+        "| recipe | epochs | within-alphabet error | fold A / B | vs current (paired) | across-alphabet error | "
+        "train time (s), fold A + B |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in summary:
+        folds = " / ".join(f"{100 * v:.1f}" for v in s["within_alphabet_by_fold"].values())
+        vs = diff(s["within_alphabet_vs_current"]) if "within_alphabet_vs_current" in s and s["recipe"] != "current" else ""
+        t = " + ".join(f"{v:.0f}" for v in s["train_s"].values()) or "-"
+        lines.append(f"| {s['recipe']} | {s['epochs'] or '-'} | {ci(s['within_alphabet'])} | {folds} | {vs} | {ci(s['across_alphabets'])} | {t} |")
+    lines += ["", "Rows: " + "; ".join(f"{s['recipe']}: {s['what']}" for s in summary)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES),
+                        help="recipes to train (the pixel baseline is always scored)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the Omniglot background sets")
+    parser.add_argument("--episodes", type=int, default=2000, help="episodes per fold and protocol")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="overrides for every trained recipe (e.g. epochs=5 for a smoke run)")
+    parser.add_argument("--add", nargs=3, action="append", default=[], metavar=("NAME", "BASE", "OVERRIDES"),
+                        help="an extra row: name, base (current|final), ';'-separated KEY=VALUE overrides")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply every recipe's epochs by this (e.g. 0.25 for a quick ranking on busy cores)")
+    parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
+    parser.add_argument("--folds", nargs="+", default=list(FOLDS), choices=list(FOLDS), help="folds to run")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
+    args = parser.parse_args(argv)
+    recipes = list(args.recipes)
+    for name, base, overrides in args.add:
+        RECIPES[name] = (base, [o for o in overrides.split(";") if o], f"{base} + {overrides}")
+        recipes.append(name)
+    t0 = time.perf_counter()
+    rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep)
+    summary = summarise(rows)
+    text = table(summary, args.episodes)
+    text += f"\n\nCommand: python bench/omniglot_oneshot.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    text += f"\nTotal wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores."
+    print(text)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.with_suffix(".md").write_text(text + "\n")
+    args.results.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The strict config: every key of every section is checked before a run directory is made."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from metricsearch.app.cli import main
+from metricsearch.models.embedder import build_embedder
+from metricsearch.train import losses
+from metricsearch.train.config import DEFAULTS, load_config, validate_config
+from metricsearch.train.optim import build_optimizer, build_schedule
+from metricsearch.train.trainer import train
+
+
+@pytest.mark.parametrize("override, key, close", [
+    ("eval.evry=2", "eval.evry", "eval.every"),
+    ("optimizer.lrr=1", "optimizer.lrr", "optimizer.lr"),
+])
+def test_a_typo_exits_2_naming_the_key_and_the_close_one_before_any_run_dir(override, key, close, tmp_path, capsys):
+    assert main(["train", "--quiet", "--output-dir", str(tmp_path), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"unknown config key {key} (did you mean {close}?)" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_typo_in_a_subprocess_is_one_line_on_stderr(tmp_path):
+    args = [sys.executable, "-m", "metricsearch", "train", "--output-dir", str(tmp_path), "--set", "optimizer.lrr=1"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "metricsearch train: error: unknown config key optimizer.lrr (did you mean optimizer.lr?); "
+        "optimizer accepts: name, head_lr, lr, "
+    )
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("override, named", [
+    ("epoch=3", "epochs"),
+    ("model.dimm=8", "model.dim"),
+    ("model.preprocessing.sise=32", "model.preprocessing.size"),
+    ("model.backbone_params.widht=8", "model.backbone_params.width"),
+    ("loss.alpah=1", "loss.alpha"),
+    ("sampler.images_per_klass=4", "sampler.images_per_class"),
+    ("miner={name: semihard, margn: 0.1}", "miner.margin"),
+    ("weighting={name: dro_kl, gama: 0.1}", "weighting.gamma"),
+    ("schedule.warmup_epoch=1", "schedule.warmup_epochs"),
+    ("augment.degree=5", "augment.degrees"),
+    ("eval.batchsize=8", "eval.batch_size"),
+])
+def test_every_section_suggests_the_close_key(override, named):
+    with pytest.raises(ValueError, match=rf"did you mean {named}\?"):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optimizer.name=adamx", "optimizer.name: unknown optimizer 'adamx'. Did you mean adam, adamw?"),
+    ("schedule.name=cosin", "schedule.name: unknown schedule 'cosin'. Did you mean cosine"),
+    ("augment.name=afine", "augment.name: unknown augmentation 'afine'. Did you mean affine"),
+    ("model.backbone=resnet19", "model.backbone: unknown backbone 'resnet19'"),
+    ("loss.name=msx", "loss.name: unknown loss 'msx'. Did you mean ms"),
+    ("sampler.seed=3", "sampler.seed is not a setting: training passes seed itself (set the top-level key seed)"),
+    ("loss.num_classes=3", "loss.num_classes is not a setting"),
+    ("weighting.k=10", "weighting.k is set but weighting.name is null"),
+    ("loss.name=null", "loss.name is required"),
+    ("model=3", "config key model must be a mapping"),
+    ("eval.every=0", "eval.every must be an integer >= 1, got 0"),
+    ("log_every=0.5", "log_every must be an integer >= 1"),
+    ("batches_per_epoch=0", "batches_per_epoch must be an integer >= 1"),
+])
+def test_wrong_names_and_values_are_value_errors(override, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config(None, [override])
+
+
+def test_optional_components_and_a_new_name_drop_the_old_parameters():
+    config = load_config(None, ["weighting={name: dro_kl, gamma: 0.5}", "weighting.name=null", "miner=null"])
+    assert config["weighting"] == {"name": None} and config["miner"] is None
+    config = load_config(None, ["schedule={name: step, gamma: 0.5}", "optimizer.name=sgd", "optimizer.momentum=0.8"])
+    assert config["schedule"] == {"name": "step", "gamma": 0.5}
+    assert config["optimizer"]["weight_decay"] == DEFAULTS["optimizer"]["weight_decay"]
+
+
+def test_invalid_yaml_is_a_one_line_value_error(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nloss: {name: ms\nepochs: 2\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml is not valid YAML: .* at line 3, column 7") as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="--set loss is not valid YAML") as info:
+        load_config(None, ["loss={name: [ms"])
+    assert "\n" not in str(info.value)
+
+
+def test_invalid_yaml_in_a_config_file_exits_2(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\n  epochs: 2\n")
+    assert main(["train", "--config", str(path), "--output-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid YAML" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_shipped_configs_are_valid(repo):
+    for path in sorted((repo / "configs").glob("*.yaml")):
+        validate_config(load_config(path))
+
+
+def test_train_validates_a_config_built_in_code_before_the_run_dir(tmp_path):
+    config = load_config(None, [f"output_dir={tmp_path}"])
+    config["eval"]["evry"] = 2
+    with pytest.raises(ValueError, match="eval.evry"):
+        train(config, progress=False)
+    del config["eval"]["evry"]
+    del config["log_every"]
+    with pytest.raises(ValueError, match="lacks key"):
+        train(config, progress=False)
+    assert not any(tmp_path.iterdir())
+
+
+def test_optimizer_groups_and_schedules_by_name():
+    model, loss = build_embedder({"dim": 4}), losses.build("ms")
+    opt = build_optimizer({"name": "sgd", "lr": 0.1, "head_lr": 0.5}, model, loss)
+    assert isinstance(opt, torch.optim.SGD) and [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
+    assert opt.param_groups[0]["momentum"] == 0.9
+    steps, epochs = 10, 4
+
+    def factors(section: dict) -> list[float]:
+        scheduler = build_schedule(section, build_optimizer({"name": "adam", "lr": 1.0}, model, loss), steps, epochs)
+        return [scheduler.lr_lambdas[0](step) for step in range(steps * epochs)]
+
+    assert factors({"name": "constant", "warmup_epochs": 0.5})[:6] == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0]
+    step = factors({"name": "step", "every_epochs": 1, "gamma": 0.5})
+    assert step[9] == 1.0 and step[10] == 0.5 and step[39] == 0.125
+    cosine = factors({"name": "cosine", "warmup_epochs": 1, "min_factor": 0.1})
+    assert cosine[:2] == [0.1, 0.2] and cosine[10] == 1.0 and cosine[-1] == pytest.approx(0.1, abs=0.01)
+    assert all(a >= b for a, b in zip(cosine[10:], cosine[11:]))
