@@ -214,3 +214,16 @@ def test_auth_refuses_a_wrong_password(digits_gallery: Path, gallery_items, tmp_
     finally:
         guarded.close()
 
+
+
+def test_a_taken_port_is_a_one_line_error(digits_gallery: Path, free_port: int, capsys) -> None:
+    import socket
+
+    from metricsearch.app.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port))
+        taken.listen()
+        assert main(["serve", "--db", str(digits_gallery), "--port", str(free_port)]) == 2
+    assert capsys.readouterr().err == (f"metricsearch serve: error: port {free_port} on 127.0.0.1 is taken "
+                                       "(another server?): pass another --port\n")

@@ -110,8 +110,9 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     that arrive together share an inference call). No file path is ever served: thumbnails come
     from the gallery's LMDB. With `block=False` it returns the running Server at once.
     """
-    if max_upload_mb <= 0 or concurrency < 1 or max_pixels < 1:
-        raise ValueError("max_upload_mb, concurrency and max_pixels must be positive")
+    for name, value in (("max upload MB", max_upload_mb), ("concurrency", concurrency), ("max pixels", max_pixels)):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")
     import faiss
 
     from metricsearch.index import Gallery
@@ -122,10 +123,16 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     handlers = SearchHandlers(Gallery.open(db), max_pixels=max_pixels)
     page = build_page(handlers, concurrency=concurrency, examples=examples)
     page.queue(max_size=64 * concurrency)
-    _, url, _ = page.launch(
-        server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
-        prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
-        theme=THEME, css=CSS)
+    try:
+        _, url, _ = page.launch(
+            server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
+            prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
+            theme=THEME, css=CSS)
+    except OSError as exc:
+        handlers.close()
+        if "Cannot find empty port" in str(exc):
+            raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
+        raise
     server = Server(url, page, handlers)
     log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
     if block:
