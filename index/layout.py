@@ -209,18 +209,19 @@ class Store:
             yield key_id(key), ItemRecord.decode(raw)
 
     def vectors(self, txn: lmdb.Transaction, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, N x dim float32 embeddings) of `ids`, or of every item in id order."""
-        db = self.dbs["embeddings"]
+        """(ids, N x dim float32 embeddings) of `ids`, or of every item in id order; one copy in memory."""
+        db, dim = self.dbs["embeddings"], int(self.meta(txn, "model", {}).get("dim", 0))
         if ids is None:
-            pairs = list(txn.cursor(db=db))
-            ids = np.array([key_id(k) for k, _ in pairs], dtype=np.int64)
-            blobs = [v for _, v in pairs]
-        else:
-            ids = np.asarray(ids, dtype=np.int64)
-            blobs = [txn.get(id_key(int(i)), db=db) for i in ids]
-        if not blobs:
-            return ids, np.zeros((0, int(self.meta(txn, "model", {}).get("dim", 0))), np.float32)
-        return ids, np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), -1)
+            n = self.count(txn, "embeddings")
+            ids, out = np.empty(n, np.int64), np.empty((n, dim), np.float32)
+            for row, (key, value) in enumerate(txn.cursor(db=db)):
+                ids[row], out[row] = key_id(key), np.frombuffer(value, np.float32)
+            return ids, out
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.empty((len(ids), dim), np.float32)
+        for row, i in enumerate(ids):
+            out[row] = np.frombuffer(txn.get(id_key(int(i)), db=db), np.float32)
+        return ids, out
 
     def ids(self, txn: lmdb.Transaction, db: str) -> np.ndarray:
         """The ids that are keys of named database `db`, in order."""
