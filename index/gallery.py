@@ -176,7 +176,7 @@ class Gallery:
 
     def _query_vectors(self, queries: Any) -> np.ndarray:
         if isinstance(queries, np.ndarray) and queries.dtype.kind == "f":
-            x = np.array(queries, dtype=np.float32, ndmin=2)
+            x = np.array(queries, dtype=np.float32, ndmin=2, order="C")
         else:
             x = self.embed(list(queries) if isinstance(queries, (list, tuple)) else [queries])
         if x.ndim != 2 or x.shape[1] != self.dim:

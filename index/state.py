@@ -103,8 +103,10 @@ class IndexState:
     def search(self, x: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, ids) of the k nearest, only `label` items when given, removed ids never."""
         selector = self.selector(label)
-        if selector is None:
-            return self.search_index.search(x, k)
+        if selector is None:  # the C++ call itself: x is a checked, contiguous n x d float32 array
+            scores, ids = np.empty((len(x), k), np.float32), np.empty((len(x), k), np.int64)
+            self.search_index.search_c(len(x), faiss.swig_ptr(x), k, faiss.swig_ptr(scores), faiss.swig_ptr(ids))
+            return scores, ids
         return self.index.search(x, k, params=search_params(self.info, self.header["params"], selector[0]))
 
     def selector(self, label: str | None) -> tuple | None:
