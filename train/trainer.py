@@ -49,7 +49,7 @@ class RunResult:
 
     run_dir: Path
     epochs: int
-    best_recall_at_1: float
+    best_recall_at_1: float | None  # None when no epoch was evaluated (a final fit holds nothing out)
     last_metrics: dict[str, Any]
     is_main: bool = True  # False on the ranks other than 0 under torchrun, which write nothing
 
@@ -123,8 +123,8 @@ def train(
         barrier(setup.dist)  # the other ranks wait for rank 0's last evaluation and checkpoint
     finally:
         shutdown(setup.dist)
-    return RunResult(run_dir, len(state.history), state.best_recall_at_1, state.history[-1] if state.history else {},
-                     main)
+    best = state.best_recall_at_1 if state.best_recall_at_1 >= 0 else None
+    return RunResult(run_dir, len(state.history), best, state.history[-1] if state.history else {}, main)
 
 
 def build_setup(config: dict[str, Any], progress: bool = False) -> Setup:
