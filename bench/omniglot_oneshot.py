@@ -16,8 +16,8 @@ left out of it) and `across_alphabets` (20 characters from anywhere, easier). Ep
 are pooled: error = mean episode error, with its 95% confidence interval; "vs current" is the paired
 difference to the current recipe on the very same episodes. The raw-pixel baseline needs no training.
 
-Run: `python bench/omniglot_oneshot.py` (all rows; about 15 minutes on 2 idle cores by the recipes'
-idle speed, hours on busy ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
+Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
+ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
 `--recipes current final` for a subset. Prints one line per training, then a markdown table; writes
 it with the raw numbers to bench/results/omniglot_oneshot.{md,json}.
 """
