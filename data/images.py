@@ -82,7 +82,10 @@ def load_image(
             if draft and image.format == "JPEG":
                 _draft(image, *draft)
             image.load()
-            image = ImageOps.exif_transpose(image)
+            if image is source:  # the caller's image: turned upright on a copy
+                image = ImageOps.exif_transpose(image)
+            else:
+                ImageOps.exif_transpose(image, in_place=True)
             image = to_mode(image, mode)
     except UnreadableImageError:
         raise

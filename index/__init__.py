@@ -11,7 +11,7 @@
 No torch and nothing from metricsearch.train is imported here.
 """
 
-from metricsearch.index.catalog import Hit, Hits
+from metricsearch.index.catalog import Hit, Hits, SearchResults
 from metricsearch.index.evaluate import evaluate_gallery
 from metricsearch.index.faiss_index import choose_index, select_device
 from metricsearch.index.gallery import Gallery
@@ -19,6 +19,6 @@ from metricsearch.index.jobs import JobSummary, add_images, build_gallery, rebui
 from metricsearch.index.pipeline import EmbedStep, ImageReader, ReadSettings
 from metricsearch.index.verify import gallery_info, verify_gallery
 
-__all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "add_images",
-           "build_gallery", "choose_index", "evaluate_gallery", "gallery_info", "rebuild_index", "remove_items",
+__all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "SearchResults",
+           "add_images", "build_gallery", "choose_index", "evaluate_gallery", "gallery_info", "rebuild_index", "remove_items",
            "select_device", "verify_gallery"]

@@ -3,13 +3,16 @@ catalog of the gallery at one committed version, so a search never sees half of 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import TypeVar, overload
 
 import numpy as np
 
 from .layout import ItemRecord
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +102,34 @@ class Catalog:
         code = int(self.codes[row])
         return self.names[code] if code >= 0 else None
 
-    def hits(self, scores: np.ndarray, ids: np.ndarray) -> list[Hits]:
+    def hits(self, scores: np.ndarray, ids: np.ndarray) -> SearchResults:
         """Per query, its hits: faiss's (scores, ids) rows, resolved against this catalog when read."""
-        return [Hits(self, ids[i], scores[i]) for i in range(len(ids))]
+        return SearchResults(self, ids, scores)
 
 
-class Hits(Sequence[Hit]):
+class _Lazy(Sequence[T]):
+    """A sequence whose items are made when read, by `item(i)`; a slice gives a list."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def item(self, i: int) -> T:
+        """Item i (negative counts from the end; IndexError past either end)."""
+
+    @overload
+    def __getitem__(self, i: int) -> T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[T]: ...
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.item(j) for j in range(*i.indices(len(self)))]
+        return self.item(i)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
+
+
+class Hits(_Lazy[Hit]):
     """One query's hits, nearest first: a sequence of Hit. It keeps faiss's raw result and the catalog
     of the version searched, and resolves labels and paths when first read (padding ids left out)."""
 
@@ -138,13 +163,8 @@ class Hits(Sequence[Hit]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    @overload
-    def __getitem__(self, i: int) -> Hit: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Hit]: ...
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def item(self, i: int) -> Hit:
+        """Hit i, its label and path resolved now."""
         row, c = int(self.rows[i]), self.catalog
         return Hit(int(c.ids[row]), float(self.scores[i]), c.label_of(row), c.paths[row])
 
@@ -152,5 +172,19 @@ class Hits(Sequence[Hit]):
         """[{"id", "score", "label", "path"}, ...] for JSON."""
         return [h.to_dict() for h in self]
 
-    def __repr__(self) -> str:
-        return f"Hits({list(self)!r})"
+
+class SearchResults(_Lazy[Hits]):
+    """The hits of a batch of queries, in query order: a sequence of Hits, each made when it is read,
+    so a search whose caller reads few of its queries' hits (or none yet) pays for no more."""
+
+    __slots__ = ("catalog", "_ids", "_scores")
+
+    def __init__(self, catalog: Catalog, ids: np.ndarray, scores: np.ndarray) -> None:
+        self.catalog, self._ids, self._scores = catalog, ids, scores
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def item(self, i: int) -> Hits:
+        """Query i's hits."""
+        return Hits(self.catalog, self._ids[i], self._scores[i])

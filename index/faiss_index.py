@@ -173,14 +173,14 @@ def gpu_free_memory(num_gpus: int) -> list[int] | None:
     return free[:num_gpus] if len(free) >= num_gpus else None
 
 
-def index_bytes(index: faiss.Index, n: int | None = None) -> int:
-    """Bytes of an index's vectors (codes and ids, plus IVF centroids) when it holds `n` (default: its own)."""
-    inner, _ = _inner(index)
+def memory_bytes(index: faiss.Index, n: int | None = None) -> int:
+    """Bytes an index takes in memory (codes and ids, plus IVF centroids) when it holds `n` vectors
+    (default: its own); faiss_files.index_bytes is the size of its saved file."""
     n = index.ntotal if n is None else n
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         return n * (ivf.code_size + 8) + ivf.nlist * ivf.d * 4
-    return n * (getattr(inner, "code_size", 4 * index.d) + 8)
+    return n * (getattr(_inner(index)[0], "code_size", 4 * index.d) + 8)
 
 
 def to_device(index: faiss.Index, device: str, n: int | None = None) -> faiss.Index:
@@ -190,7 +190,7 @@ def to_device(index: faiss.Index, device: str, n: int | None = None) -> faiss.In
     if device != "gpu":
         return index
     gpus = faiss.get_num_gpus()
-    plan = gpu_plan(gpus, index_bytes(index, n), gpu_free_memory(gpus))
+    plan = gpu_plan(gpus, memory_bytes(index, n), gpu_free_memory(gpus))
     log.info("faiss: %s over %d GPU(s)", plan, gpus)
     if plan == "cpu":
         return index

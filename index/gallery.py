@@ -2,8 +2,9 @@
 
 The faiss index is loaded from its newest file and brought up to the LMDB's committed version
 by replaying the change log. Writes through this object update it at once; a search checks the
-LMDB's version (at most once a millisecond) and catches up when another process has committed. A search runs on one (faiss index, catalog) pair of one
-version, under a shared lock that changes take exclusively: it sees a batch whole or not at all.
+LMDB's version (at most once a millisecond) and catches up when another process has committed.
+A search runs on one (faiss index, catalog) pair of one version, under a shared lock that changes
+take exclusively: it sees a batch whole or not at all.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from metricsearch.models import OnnxEmbedder, select_providers
 
-from .catalog import Catalog, Hits
+from .catalog import Catalog, SearchResults
 from .faiss_files import index_bytes, save_index
 from .faiss_index import select_device
 from .layout import FORMAT_VERSION, Store, id_key
@@ -145,8 +146,9 @@ class Gallery:
 
     # --- searching ------------------------------------------------------------------------------
 
-    def search(self, queries: Any, k: int = 10, label: str | None = None) -> list[Hits]:
-        """The k nearest items of each query, nearest first (optionally only items labelled `label`).
+    def search(self, queries: Any, k: int = 10, label: str | None = None) -> SearchResults:
+        """The k nearest items of each query, nearest first (optionally only items labelled `label`):
+        one Hits per query, in order.
 
         `queries`: an N x dim float array of vectors (one vector: 1 x dim), or images (a path,
         bytes, PIL image or uint8 array, or a list of them) embedded with the gallery's model."""
@@ -157,22 +159,22 @@ class Gallery:
         while True:
             lock.acquire_read()
             try:
-                state, now = self._state, time.monotonic()
-                current = now - self._checked_at < RECHECK_S
-                if not current:  # at most once per RECHECK_S: has another process committed?
-                    txn = self.store.begin()
-                    current = self.store.version(txn) == state.version
-                    txn.abort()
-                    if current:
-                        self._checked_at = now
-                if current:
-                    catalog = state.catalog
-                    scores, ids = state.search(x, k, label)
-                    break
+                state = self._state
+                if time.monotonic() - self._checked_at < RECHECK_S or self._current(state):
+                    return state.search(x, k, label)
             finally:
                 lock.release_read()
             self.refresh()
-        return catalog.hits(scores, ids)
+
+    def _current(self, state: IndexState) -> bool:
+        """Whether `state` is still the LMDB's committed version (no other process has written since)."""
+        now = time.monotonic()
+        txn = self.store.begin()
+        current = self.store.version(txn) == state.version
+        txn.abort()
+        if current:
+            self._checked_at = now
+        return current
 
     def _query_vectors(self, queries: Any) -> np.ndarray:
         if isinstance(queries, np.ndarray) and queries.dtype.kind == "f":

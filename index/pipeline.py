@@ -74,7 +74,7 @@ def read_bytes(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         if size > max_bytes:
             raise UnreadableImageError(f"{path}: {size} bytes is over the limit of {max_bytes} bytes")
         with open(path, "rb") as f:
-            return f.read(max_bytes + 1)
+            return f.read(size + 1)  # the size is known: no buffer of max_bytes for every file
     except FileNotFoundError as exc:
         raise UnreadableImageError(f"{path}: no such file") from exc
     except UnreadableImageError:
@@ -93,13 +93,14 @@ def decode(data: Any, settings: ReadSettings, preprocessing: Preprocessing, name
 
 
 def encode_thumbnail(image: Image.Image, size: int = THUMBNAIL_SIZE) -> bytes:
-    """The image at most `size` pixels on its long side: PNG when tiny (64 x 64 or less), else JPEG."""
+    """The image at most `size` pixels on its long side: PNG when tiny (64 x 64 or less), else JPEG.
+    A large image is first shrunk by an integer factor (box filter), then resampled: a thumbnail's quality."""
     if size <= 0:
         return b""
     scale = size / max(image.size)
     if scale < 1:
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                             Image.Resampling.BILINEAR, reducing_gap=2.0)
+                             Image.Resampling.BILINEAR, reducing_gap=1.0)
     buf = io.BytesIO()
     if image.width * image.height <= 64 * 64:
         image.save(buf, "PNG", optimize=True)

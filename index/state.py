@@ -12,7 +12,7 @@ import faiss
 import lmdb
 import numpy as np
 
-from .catalog import Catalog
+from .catalog import Catalog, SearchResults
 from .faiss_files import load_index
 from .faiss_index import describe, search_params, set_param, to_device
 from .layout import ADD, Store
@@ -100,19 +100,18 @@ class IndexState:
             self.catalog = self.catalog.removed(removed).added(store.records(txn, added))
         self.version, self.selectors = version, {}
 
-    def search(self, x: np.ndarray, k: int, label: str | None) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, ids) of the k nearest, only `label` items when given, removed ids never."""
-        selector = self.selector(label)
-        if selector is None:  # the C++ call itself: x is a checked, contiguous n x d float32 array
+    def search(self, x: np.ndarray, k: int, label: str | None) -> SearchResults:
+        """The k nearest of each query, only `label` items when given, removed ids never."""
+        if label is None and not len(self.tombstones):  # the C++ call itself: x is a checked n x d float32 array
             scores, ids = np.empty((len(x), k), np.float32), np.empty((len(x), k), np.int64)
             self.search_index.search_c(len(x), faiss.swig_ptr(x), k, faiss.swig_ptr(scores), faiss.swig_ptr(ids))
-            return scores, ids
-        return self.index.search(x, k, params=search_params(self.info, self.header["params"], selector[0]))
+        else:
+            params = search_params(self.info, self.header["params"], self.selector(label)[0])
+            scores, ids = self.index.search(x, k, params=params)
+        return self.catalog.hits(scores, ids)
 
-    def selector(self, label: str | None) -> tuple | None:
-        """(faiss id selector, the selectors it points to) for a label filter and dead ids; cached."""
-        if label is None and not len(self.tombstones):
-            return None
+    def selector(self, label: str | None) -> tuple:
+        """(faiss id selector, the selectors it points to) for a label filter and/or dead ids; cached."""
         cached = self.selectors.get(label)
         if cached is None:
             refs: list = []

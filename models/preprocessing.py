@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from functools import cached_property
 
 import numpy as np
 from PIL import Image
@@ -44,24 +45,34 @@ class Preprocessing:
 
     def resized(self, image: Image.Image) -> Image.Image:
         """The image converted to the right mode and resized to size x size by the policy."""
-        image = image.convert(self.mode)
+        image = image if image.mode == self.mode else image.convert(self.mode)
         resample = getattr(Image.Resampling, self.interpolation.upper())
-        if self.resize == "shorter_center_crop":
-            w, h = image.size
-            scale = self.size / self.crop_ratio / min(w, h)
-            image = image.resize((max(self.size, round(w * scale)), max(self.size, round(h * scale))), resample)
-            w, h = image.size
-            left, top = (w - self.size) // 2, (h - self.size) // 2
-            return image.crop((left, top, left + self.size, top + self.size))
-        return image.resize((self.size, self.size), resample)
+        box = self.crop_box(*image.size) if self.resize == "shorter_center_crop" else None
+        return image.resize((self.size, self.size), resample, box=box)
+
+    def crop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """shorter_center_crop's region of a width x height image: the centre size x size crop of the
+        image resized to size / crop_ratio on its shorter side, in the original image's pixels."""
+        scale = self.size / self.crop_ratio / min(width, height)
+        w, h = max(self.size, round(width * scale)), max(self.size, round(height * scale))
+        left, top = (w - self.size) // 2, (h - self.size) // 2
+        sx, sy = w / width, h / height
+        return left / sx, top / sy, (left + self.size) / sx, (top + self.size) / sy
 
     def normalized(self, image: Image.Image) -> np.ndarray:
         """A resized image as a normalised float32 C x H x W array."""
-        arr = np.asarray(image, dtype=np.float32) / 255.0
-        arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-        mean = np.asarray(self.mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(self.std, dtype=np.float32)[:, None, None]
-        return np.ascontiguousarray((arr - mean) / std)
+        pixels = np.asarray(image, dtype=np.uint8)
+        pixels = pixels[..., None] if pixels.ndim == 2 else pixels
+        out = np.empty((self.channels, *pixels.shape[:2]), np.float32)
+        for c in range(self.channels):
+            np.take(self.lookup[c], pixels[..., c], out=out[c])
+        return out
+
+    @cached_property
+    def lookup(self) -> np.ndarray:
+        """channels x 256 float32: each 8-bit value normalised, (value / 255 - mean) / std."""
+        levels = np.arange(256, dtype=np.float32)[None, :] / 255.0
+        return (levels - np.asarray(self.mean, np.float32)[:, None]) / np.asarray(self.std, np.float32)[:, None]
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """Resize then normalise one image."""

@@ -68,6 +68,10 @@ def test_vectors_search_in_batches_and_refuse_another_width(built) -> None:
             ids, vectors = gallery.store.vectors(txn)
         results = gallery.search(vectors[:40], k=1)
         assert [int(h[0].id) for h in results] == ids[:40].tolist()
+        assert len(results) == 40 and [int(h[0].id) for h in results[5:8]] == ids[5:8].tolist()
+        assert int(results[-1][0].id) == ids[39] and int(results[-40][0].id) == ids[0]
+        with pytest.raises(IndexError):
+            results[40]
         assert len(gallery.search(vectors[0], k=3)) == 1
         with pytest.raises(ValueError, match="128-d"):
             gallery.search(np.zeros((2, 16), np.float32))
@@ -202,6 +206,9 @@ def test_exif_rotated_jpeg_embeds_like_the_upright_one(built, tmp_path) -> None:
     from metricsearch.data import load_image
 
     assert np.abs(np.asarray(load_image(tmp_path / "exif.jpg"), float) - upright).mean() < 3
+    opened = Image.open(tmp_path / "exif.jpg")  # a caller's own image: turned upright on a copy, never in place
+    assert np.abs(np.asarray(load_image(opened), float) - upright).mean() < 3
+    assert opened.size == (64, 48) and opened.getexif()[0x0112] == 6
     with Gallery.open(built) as gallery:
         up, exif_view, no_exif = gallery.embed([tmp_path / "upright.jpg", tmp_path / "exif.jpg", tmp_path / "turned.jpg"])
     assert float(up @ exif_view) > 0.999

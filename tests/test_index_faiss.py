@@ -12,8 +12,8 @@ import pytest
 from metricsearch.index.catalog import Catalog
 from metricsearch.index.faiss_files import load_index, save_index
 from metricsearch.index import faiss_index
-from metricsearch.index.faiss_index import (build_index, choose_index, describe, gpu_plan, index_bytes, index_ids,
-                                            make_index, recall_without_self, select_device, set_param, to_device, tune)
+from metricsearch.index.faiss_index import (build_index, choose_index, describe, gpu_plan, index_ids, make_index,
+                                            memory_bytes, recall_without_self, select_device, set_param, to_device, tune)
 from metricsearch.index.state import net_changes
 from metricsearch.index.layout import ADD, REMOVE, ItemRecord
 
@@ -59,8 +59,8 @@ def test_multi_gpu_plan_replicates_what_fits_on_one_gpu_and_shards_the_rest() ->
 def test_gpu_placement_is_chosen_at_run_time_and_the_cpu_path_taken_here(monkeypatch, vectors) -> None:
     index = make_index("IDMap,Flat", vectors.shape[1])
     index.add_with_ids(vectors[:1000], np.arange(1000, dtype=np.int64))
-    assert index_bytes(index) == 1000 * (4 * vectors.shape[1] + 8)
-    assert index_bytes(make_index("IVF64,PQ8", vectors.shape[1]), 1000) == 1000 * 16 + 64 * vectors.shape[1] * 4
+    assert memory_bytes(index) == 1000 * (4 * vectors.shape[1] + 8)
+    assert memory_bytes(make_index("IVF64,PQ8", vectors.shape[1]), 1000) == 1000 * 16 + 64 * vectors.shape[1] * 4
     assert to_device(index, "cpu") is index
     if faiss.get_num_gpus() == 0:
         assert to_device(index, "gpu") is index  # faiss-cpu: no GPU, the index stays where it is

@@ -33,6 +33,39 @@ def test_stretch_keeps_the_whole_image_and_crop_keeps_the_centre() -> None:
     assert crop[0].max() < -0.9  # the band is cropped away
 
 
+def _resized_then_cropped(pre: Preprocessing, image: Image.Image) -> np.ndarray:
+    """shorter_center_crop by its definition: the whole image resized, then the centre cropped."""
+    w, h = image.size
+    scale = pre.size / pre.crop_ratio / min(w, h)
+    whole = image.resize((max(pre.size, round(w * scale)), max(pre.size, round(h * scale))), Image.BILINEAR)
+    left, top = (whole.width - pre.size) // 2, (whole.height - pre.size) // 2
+    return np.asarray(whole.crop((left, top, left + pre.size, top + pre.size)), dtype=np.int16)
+
+
+@pytest.mark.parametrize("size", [(640, 480), (500, 375), (333, 500), (257, 300), (224, 224), (1000, 90), (90, 1000)])
+def test_the_crop_is_resized_alone_as_if_the_whole_image_were(size) -> None:
+    pre = Preprocessing(size=224, channels=3, mean=(0.5,) * 3, std=(0.25,) * 3, resize="shorter_center_crop")
+    rng = np.random.default_rng(size[0])
+    photo = Image.fromarray(rng.integers(0, 256, (size[1] // 8 + 1, size[0] // 8 + 1, 3), dtype=np.uint8))
+    photo = photo.resize(size, Image.BICUBIC)  # smooth colour fields with edges, like a photo
+    ours = np.asarray(pre.resized(photo), dtype=np.int16)
+    reference = _resized_then_cropped(pre, photo)
+    assert ours.shape == reference.shape == (224, 224, 3)
+    assert np.abs(ours - reference).max() <= 1  # the same samples; at most one level of fixed-point rounding apart
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_normalisation_equals_its_formula(channels: int) -> None:
+    mean, std = (0.485, 0.456, 0.406)[:channels], (0.229, 0.224, 0.225)[:channels]
+    pre = Preprocessing(size=8, channels=channels, mean=mean, std=std)
+    pixels = np.random.default_rng(channels).integers(0, 256, (8, 8, channels), dtype=np.uint8)
+    image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels)
+    expected = (pixels.transpose(2, 0, 1) / 255.0 - np.array(mean)[:, None, None]) / np.array(std)[:, None, None]
+    out = pre.normalized(image)
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (channels, 8, 8)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("bad", [dict(channels=2), dict(size=4), dict(resize="fit"), dict(mean=(0.1, 0.2))])
 def test_bad_preprocessing_is_rejected(bad) -> None:
     with pytest.raises(ValueError, match="preprocessing"):

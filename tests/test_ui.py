@@ -127,6 +127,13 @@ def test_bad_queries_get_a_friendly_message(handlers, gallery_items, tmp_path: P
     assert message in info.value.message and str(tmp_path) not in info.value.message
 
 
+def test_handlers_start_where_gradio_has_made_no_upload_folder_yet(handlers, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "fresh" / "gradio"))  # as on a fresh machine
+    fresh = SearchHandlers(handlers.gallery)
+    assert fresh.thumbnail_dir.parent == tmp_path / "fresh" / "gradio" and fresh.thumbnail_dir.is_dir()
+    fresh.close()
+
+
 def test_the_pixel_limit_refuses_large_queries(handlers, tmp_path: Path) -> None:
     small_limit = SearchHandlers(handlers.gallery, max_pixels=64 * 64)
     big = tmp_path / "big.png"

@@ -81,7 +81,9 @@ class SearchHandlers:
         self._search = Coalescer(self._search_batch, max_batch)
         #: where thumbnails are written, once each, from the LMDB: Gradio's own upload folder, which it
         #: serves anyway (a PIL image would be re-encoded and hashed on every answer instead)
-        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=get_upload_folder()))
+        uploads = Path(get_upload_folder())
+        uploads.mkdir(parents=True, exist_ok=True)  # Gradio makes it on the first upload; a fresh machine has none
+        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=uploads))
         self._thumbnails: dict[int, Path] = {}
 
     # -- the work ------------------------------------------------------------------------------
