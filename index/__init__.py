@@ -20,5 +20,5 @@ from metricsearch.index.pipeline import EmbedStep, ImageReader, ReadSettings
 from metricsearch.index.verify import gallery_info, verify_gallery
 
 __all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "SearchResults",
-           "add_images", "build_gallery", "choose_index", "evaluate_gallery", "gallery_info", "rebuild_index", "remove_items",
-           "select_device", "verify_gallery"]
+           "add_images", "build_gallery", "choose_index", "evaluate_gallery", "gallery_info", "rebuild_index",
+           "remove_items", "select_device", "verify_gallery"]
