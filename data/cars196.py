@@ -12,7 +12,10 @@ from .scan import find_root, image_path, keep_readable
 
 def load(path: Path) -> DataSplit:
     """The Cars196 split from cars_annos.mat (fields relative_im_path, class) under `path`."""
-    from scipy.io import loadmat
+    try:
+        from scipy.io import loadmat
+    except ModuleNotFoundError as exc:
+        raise ValueError("cars196: reading cars_annos.mat needs scipy: pip install 'metricsearch[train]'") from exc
 
     root = find_root(path, "cars_annos.mat", "cars196")
     mat = loadmat(root / "cars_annos.mat", squeeze_me=True)
