@@ -40,6 +40,9 @@ def select_device(device: str = "auto", num_gpus: int | None = None) -> str:
     if device == "cuda" and gpus < 1:
         raise ValueError("device 'cuda' was asked for but faiss sees no GPU (faiss-cpu is installed, or no "
                          "GPU is visible); install the `gpu` extra or use --device cpu")
+    if device == "auto" and gpus < 1 and hasattr(faiss, "StandardGpuResources"):
+        log.warning("faiss was built with GPU support but sees no GPU (no driver, or CUDA_VISIBLE_DEVICES hides "
+                    "them), so the index is searched on the CPU")
     return "gpu" if device != "cpu" and gpus > 0 else "cpu"
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import logging
 from pathlib import Path
 from typing import Sequence
 
@@ -14,6 +16,8 @@ from metricsearch.models.embed import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 METADATA_PREFIX = "metricsearch."
+CUDA_PROVIDER = "CUDAExecutionProvider"
+log = logging.getLogger("metricsearch.models")
 
 
 def select_providers(available: Sequence[str], device: str = "auto") -> list[str]:
@@ -28,6 +32,31 @@ def select_providers(available: Sequence[str], device: str = "auto") -> list[str
     if device != "cpu" and "CUDAExecutionProvider" in available:
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
+
+
+def cuda_provider_problem(capi_dir: str | Path | None = None) -> str | None:
+    """Why onnxruntime's CUDA provider library cannot load here (the missing file it names), or None if it loads."""
+    if capi_dir is None:
+        import onnxruntime as ort
+
+        capi_dir = Path(ort.__file__).parent / "capi"
+    library = Path(capi_dir) / "libonnxruntime_providers_cuda.so"
+    if not library.is_file():
+        return f"{library.name} is not installed (this is the CPU build of onnxruntime)"
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
+def cuda_fallback_notice(device: str, problem: str | None) -> str:
+    """The one line said when onnxruntime fell back from the CUDA provider to the CPU; a ValueError instead when
+    `device` is cuda (asked for explicitly)."""
+    why = problem or "onnxruntime dropped it when it created the session"
+    if device == "cuda":
+        raise ValueError(f"device 'cuda' was asked for but onnxruntime's CUDA provider is not usable: {why}")
+    return f"onnxruntime's CUDA provider is installed but not usable, so the model runs on the CPU: {why}"
 
 
 class OnnxEmbedder:
@@ -58,6 +87,8 @@ class OnnxEmbedder:
         self.normalized = json.loads(self.metadata.get("normalized", "true"))
         self.input_name = self.session.get_inputs()[0].name
         self.providers = self.session.get_providers()
+        if CUDA_PROVIDER in providers and CUDA_PROVIDER not in self.providers:
+            log.warning(cuda_fallback_notice(device, cuda_provider_problem()))
 
     def embed_arrays(self, batch: np.ndarray) -> np.ndarray:
         """Embeddings (N x dim float32) of preprocessed images (N x C x H x W float32)."""

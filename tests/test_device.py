@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-from metricsearch.models.onnx_embedder import select_providers
+from metricsearch.models.onnx_embedder import cuda_fallback_notice, cuda_provider_problem, select_providers
 from metricsearch.train.device import amp_dtype, resolve_device
 
 
 def test_auto_device_follows_cuda_availability() -> None:
-    expected = "cuda" if torch.cuda.is_available() else "cpu"
-    assert resolve_device("auto").type == expected
-    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto", cuda_available=True).type == "cuda"
+    assert resolve_device("auto", cuda_available=False).type == "cpu"
+    assert resolve_device("cpu", cuda_available=True).type == "cpu"
+    assert resolve_device("cuda:1", cuda_available=True) == torch.device("cuda", 1)
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")  # this machine
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
 def test_cuda_without_gpu_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no CUDA GPU"):
-        resolve_device("cuda")
+        resolve_device("cuda", cuda_available=False)
 
 
 def test_unknown_device_is_rejected() -> None:
@@ -62,3 +66,44 @@ def test_cpu_bf16_training_step_is_finite(tmp_path) -> None:
                                 "eval.nmi=false", "model.dim=16"])
     result = train(config, progress=False)
     assert math.isfinite(result.last_metrics["loss"])
+
+
+def _shared_library(folder: Path, name: str, needs: str | None = None) -> Path:
+    """A real shared library built with the C compiler; with `needs`, it calls into lib`needs`.so in `folder`."""
+    source = folder / f"{name}.c"
+    if needs:
+        source.write_text("int metricsearch_probe(void);\nint metricsearch_call(void) { return metricsearch_probe(); }\n")
+    else:
+        source.write_text("int metricsearch_probe(void) { return 1; }\n")
+    link = ["-L", str(folder), f"-l{needs}"] if needs else []
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(folder / name), str(source), *link], check=True)
+    return folder / name
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a provider library")
+def test_a_cuda_provider_that_cannot_load_names_the_missing_library(tmp_path) -> None:
+    capi = tmp_path / "capi"
+    capi.mkdir()
+    assert "CPU build" in cuda_provider_problem(capi)  # no provider library at all
+    _shared_library(capi, "libcudart_probe.so")
+    _shared_library(capi, "libonnxruntime_providers_cuda.so", needs="cudart_probe")
+    (capi / "libcudart_probe.so").unlink()  # as when a CUDA library is missing from the machine
+    problem = cuda_provider_problem(capi)
+    assert "libcudart_probe.so" in problem
+    assert problem in cuda_fallback_notice("auto", problem)
+    with pytest.raises(ValueError, match="libcudart_probe.so"):
+        cuda_fallback_notice("cuda", problem)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a provider library")
+def test_a_loadable_cuda_provider_is_no_problem(tmp_path) -> None:
+    _shared_library(tmp_path, "libonnxruntime_providers_cuda.so")
+    assert cuda_provider_problem(tmp_path) is None
+
+
+def test_the_cpu_build_of_onnxruntime_is_diagnosed_as_such() -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has onnxruntime's GPU build")
+    assert "CPU build" in cuda_provider_problem()
