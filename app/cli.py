@@ -34,7 +34,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     if (args.checkpoint is None) == (args.backbone is None):
-        raise ValueError("pass a run directory or checkpoint, or --backbone NAME (off-the-shelf features), one of the two")
+        raise ValueError("pass a run directory or checkpoint, or --backbone NAME (off-the-shelf features), "
+                         "one of the two")
     if args.backbone is not None:
         from metricsearch.train import export_pretrained
 

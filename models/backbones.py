@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from metricsearch.registry import Registry
 
 BACKBONES: Registry[nn.Module] = Registry("backbone")
+IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 
 class SmallCNN(nn.Module):
@@ -87,7 +88,7 @@ class PretrainedBackbone(nn.Module):
 def small_cnn(in_channels: int = 1, width: int = 64, pretrained: str | None = None) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
-        raise ValueError("small_cnn has no ImageNet weights; use efficientnet_lite0, resnet18, timm:NAME or a file path")
+        raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
     return _load_file(SmallCNN(in_channels, width), pretrained)
 
 
@@ -95,7 +96,7 @@ def small_cnn(in_channels: int = 1, width: int = 64, pretrained: str | None = No
 def small_resnet(in_channels: int = 1, width: int = 64, pretrained: str | None = None) -> nn.Module:
     """Small residual CNN: a conv stem and 3 residual blocks (about 2.5x SmallCNN's compute); CPU-trainable."""
     if pretrained == "imagenet":
-        raise ValueError("small_resnet has no ImageNet weights; use efficientnet_lite0, resnet18, timm:NAME or a file path")
+        raise ValueError(f"small_resnet has no ImageNet weights; use {IMAGENET_HINT} or a file path")
     return _load_file(SmallResNet(in_channels, width), pretrained)
 
 
@@ -113,11 +114,11 @@ def resolve_pretrained(pretrained: str | bool | None) -> str | None:
 def parse_backbone(spec: str) -> tuple[str, dict[str, Any]]:
     """The registry name of a backbone spec and the parameters the spec fixes: `timm:NAME` -> timm, model_name."""
     name, sep, model_name = str(spec).partition(":")
-    if not sep:
-        return name, {}
-    if name != "timm" or not model_name:
+    if name == "timm" and model_name:
+        return "timm", {"model_name": model_name}
+    if sep or name == "timm":
         raise ValueError(f"backbone {spec!r}: write a registered name or timm:NAME (e.g. timm:resnet50)")
-    return "timm", {"model_name": model_name}
+    return name, {}
 
 
 def build_backbone(spec: str, in_channels: int, pretrained: str | bool | None, params: dict[str, Any]) -> nn.Module:

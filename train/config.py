@@ -201,7 +201,8 @@ def check_model(model: dict[str, Any]) -> None:
         accepted = BACKBONES.parameters(parse_backbone(model.get("backbone", DEFAULTS["model"]["backbone"]))[0])
     except ValueError as exc:
         raise ValueError(f"config key model.backbone: {exc}") from None
-    passed = ("in_channels", "pretrained", "model_name")  # the embedder passes them from the preprocessing and model.pretrained
+    # the embedder passes them from the preprocessing, model.pretrained and the backbone spec (timm:NAME)
+    passed = ("in_channels", "pretrained", "model_name")
     check_keys(model.get("backbone_params") or {}, [k for k in accepted if k not in passed], "model.backbone_params.",
                passed)
     check_keys(model.get("preprocessing") or {}, Preprocessing.__dataclass_fields__, "model.preprocessing.")
