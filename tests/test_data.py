@@ -321,8 +321,8 @@ def test_unknown_spec_lists_known_adapters():
     for usage, _ in adapters():
         assert usage in str(info.value)
     assert [u for u, _ in adapters()] == [
-        "digits", "folder:PATH", "omniglot:PATH", "cub200:PATH", "cars196:PATH", "sop:PATH", "inshop:PATH", "grocery:PATH",
-        "files:PATH", "csv:FILE"]
+        "digits", "folder:PATH", "omniglot:PATH", "cub200:PATH", "cars196:PATH", "sop:PATH", "inshop:PATH",
+        "grocery:PATH", "files:PATH", "csv:FILE"]
 
 
 def test_spec_without_path_and_path_for_digits():
