@@ -171,7 +171,7 @@ def _timm_name(model_name: str) -> str:
 
 def _weights_unavailable(what: str, reason: Exception, put: str) -> FileNotFoundError:
     """The one-line error for ImageNet weights that could not be had: what to put where instead."""
-    why = " ".join(str(reason).split())[:160] or type(reason).__name__
+    why = " ".join(str(reason).split()).split(". ")[0][:160] or type(reason).__name__
     return FileNotFoundError(f"ImageNet weights for {what} could not be downloaded ({why}): {put}, "
                              "or set model.pretrained to a state dict file (--pretrained PATH)")
 
