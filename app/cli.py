@@ -33,10 +33,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from metricsearch.train import export_onnx
+    if (args.checkpoint is None) == (args.backbone is None):
+        raise ValueError("pass a run directory or checkpoint, or --backbone NAME (off-the-shelf features), "
+                         "one of the two")
+    if args.backbone is not None:
+        from metricsearch.train import export_pretrained
 
-    report = export_onnx(args.checkpoint, args.out, dataset=args.dataset, batch_size=args.batch_size,
-                         opset=args.opset, atol=args.atol)
+        report = export_pretrained(args.backbone, args.out, args.pretrained or "imagenet", images=args.dataset,
+                                   batch_size=args.batch_size, opset=args.opset, atol=args.atol)
+    else:
+        from metricsearch.train import export_onnx
+
+        if args.pretrained is not None:
+            raise ValueError("--pretrained goes with --backbone; a checkpoint has its own weights")
+        report = export_onnx(args.checkpoint, args.out, dataset=args.dataset, batch_size=args.batch_size,
+                             opset=args.opset, atol=args.atol)
     print(json.dumps({"onnx": str(report.path), "max_abs_diff": report.max_abs_diff,
                       "parity_batch": report.batch_size, "embedding_dim": report.embedding_dim}))
     return 0
@@ -184,16 +195,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="run name (config key name)")
     p.add_argument("--output-dir", dest="output_dir", help="parent folder of runs (config key output_dir)")
     p.add_argument("--epochs", type=int, help="number of epochs (config key epochs)")
-    p.add_argument("--pretrained", help="backbone weights: `imagenet` (torchvision weights from the local torch "
-                   "cache; never downloaded) or a weights file (config key model.pretrained)")
+    p.add_argument("--pretrained", help="backbone weights: `imagenet` (downloaded once into the timm/torchvision "
+                   "cache; efficientnet_lite0's come offline with the `photos` extra) or a state dict file "
+                   "(config key model.pretrained)")
     p.add_argument("--stop-after-epoch", type=int, help="pause after this epoch; continue later with --resume")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-epoch lines")
 
-    p = add("export", _cmd_export, "Export a trained embedder to ONNX (dynamic batch, preprocessing in the "
-            "metadata) and check torch/onnxruntime parity on a real batch.")
-    p.add_argument("checkpoint", help="run directory (uses best.pt, else last.pt) or a checkpoint file")
+    p = add("export", _cmd_export, "Export a trained embedder, or a pretrained backbone's features with no "
+            "training (--backbone), to ONNX (dynamic batch, preprocessing in the metadata) and check "
+            "torch/onnxruntime parity on a batch.")
+    p.add_argument("checkpoint", nargs="?", help="run directory (uses best.pt, else last.pt) or a checkpoint file")
     p.add_argument("--out", required=True, help="path of the .onnx file to write")
-    p.add_argument("--dataset", help="data set spec for the parity batch (default: the run's data set)")
+    p.add_argument("--backbone", help="instead of a checkpoint: a backbone (efficientnet_lite0, resnet50, "
+                   "timm:NAME, ...) whose pooled, L2-normalised features are the embedding, with its own preprocessing")
+    p.add_argument("--pretrained", help="with --backbone: `imagenet` (the default) or a state dict file")
+    p.add_argument("--dataset", help="data set spec for the parity batch (default: the run's data set; with "
+                   "--backbone, random-pixel photos)")
     p.add_argument("--batch-size", type=int, default=32, help="images in the parity batch")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |torch - onnxruntime|")

@@ -7,7 +7,7 @@ import difflib
 from collections.abc import Callable
 from pathlib import Path
 
-from . import cars196, csvlist, cub200, digits, files, folder, inshop, omniglot, sop
+from . import cars196, csvlist, cub200, digits, files, folder, grocery, inshop, omniglot, sop
 from .base import SPLIT_MODES, DataSplit, ImageSet, concat_sets, relabel, resplit, with_transformed_classes
 from .download import fetch
 from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
@@ -25,6 +25,7 @@ _DESCRIPTIONS: dict[str, str] = {
     "cars196": "Stanford Cars196 (cars_annos.mat): classes 1-98 train, 99-196 test",
     "sop": "Stanford Online Products: Ebay_train.txt / Ebay_test.txt",
     "inshop": "In-Shop Clothes: list_eval_partition.txt train / query / gallery",
+    "grocery": "Grocery Store photos: class halves (#half1/#half2 held out); #test,half2 or #catalogue,half2 select",
     "files": "every image under PATH, recursively, without labels (for indexing a catalogue)",
     "csv": "a CSV FILE with columns path and optional label; relative paths from the CSV's folder",
 }
@@ -37,6 +38,7 @@ _PUBLIC: dict[str, Callable[[Path], DataSplit]] = {
     "cars196": cars196.load,
     "sop": sop.load,
     "inshop": inshop.load,
+    "grocery": grocery.load,
 }
 
 
@@ -107,6 +109,8 @@ def load_image_set(spec: str, split: str | None = None, *, check: bool = True) -
             raise ValueError(f"{spec} has no train/test split: drop --split")
         loader = {"files": files.load_set, "csv": csvlist.load_set}.get(name)
         return loader(root) if loader else folder.load_set(root, check)
+    if name == "grocery" and split is None:
+        return grocery.load_set(root)
     if name == "folder":
         parts = {s: folder.load_set(root / s, check) for s in SPLITS}
     else:

@@ -1,4 +1,4 @@
-"""The embedding network: backbone + linear head to `dim` + optional L2 normalisation."""
+"""The embedding network: backbone + linear head to `dim` (or none: the pooled features) + optional L2 normalisation."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from metricsearch.data import ImageSet
-from metricsearch.models.backbones import BACKBONES
+from metricsearch.models.backbones import backbone_preprocessing, build_backbone
 from metricsearch.models.embed import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
@@ -20,23 +20,24 @@ class Embedder(nn.Module):
     """Maps preprocessed images (N x C x H x W) to embeddings (N x dim)."""
 
     def __init__(
-        self, backbone: str = "small_cnn", dim: int = 128, normalize: bool = True,
-        preprocessing: Preprocessing | None = None, pretrained: str | None = None,
+        self, backbone: str = "small_cnn", dim: int | None = 128, normalize: bool = True,
+        preprocessing: Preprocessing | dict[str, Any] | None = None, pretrained: str | bool | None = None,
         backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None,
     ) -> None:
+        """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
+        the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one)."""
         super().__init__()
-        if dim < 1:
-            raise ValueError(f"model.dim must be >= 1, got {dim}")
-        self.preprocessing = preprocessing or Preprocessing()
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise ValueError(f"model.dim must be an integer >= 1 (or null: the backbone's features), got {dim!r}")
+        if not isinstance(preprocessing, Preprocessing):
+            preprocessing = Preprocessing.from_dict({**backbone_preprocessing(backbone), **(preprocessing or {})})
+        self.preprocessing = preprocessing
         self.config = {
             "backbone": backbone, "dim": dim, "normalize": normalize,
             "preprocessing": self.preprocessing.to_dict(), "backbone_params": dict(backbone_params or {}),
         }
-        self.backbone = BACKBONES.build(
-            backbone, None, in_channels=self.preprocessing.channels, pretrained=pretrained,
-            **(backbone_params or {}),
-        )
-        self.head = nn.Linear(self.backbone.out_features, dim)
+        self.backbone = build_backbone(backbone, self.preprocessing.channels, pretrained, dict(backbone_params or {}))
+        self.head = nn.Linear(self.backbone.out_features, dim) if dim is not None else nn.Identity()
         self.normalize = normalize
         self.tta_shifts = [(int(dx), int(dy)) for dx, dy in (tta_shifts or [])]
         if self.tta_shifts:
@@ -56,7 +57,7 @@ class Embedder(nn.Module):
     @property
     def dim(self) -> int:
         """Embedding dimension."""
-        return self.head.out_features
+        return self.head.out_features if isinstance(self.head, nn.Linear) else self.backbone.out_features
 
     @torch.no_grad()
     def embed_arrays(self, batch: np.ndarray) -> np.ndarray:
@@ -99,7 +100,7 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; known: {sorted(known | {'preprocessing', 'pretrained'})}")
-    return Embedder(preprocessing=Preprocessing.from_dict(pre or {}), pretrained=pretrained, **cfg)
+    return Embedder(preprocessing=pre or {}, pretrained=pretrained, **cfg)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

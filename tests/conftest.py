@@ -31,6 +31,15 @@ def omniglot_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def grocery_dir() -> Path:
+    """../shared/data/grocery (the Grocery Store photos), or a skip that says why."""
+    path = SHARED / "data" / "grocery"
+    if not (path / "dataset" / "classes.csv").is_file():
+        pytest.skip(f"{path}/dataset not found: the photo tests need ../shared beside the repository")
+    return path
+
+
+@pytest.fixture(scope="session")
 def digits_run(tmp_path_factory: pytest.TempPathFactory):
     """The full configs/digits.yaml recipe, trained once per test session."""
     from metricsearch.train.config import load_config

@@ -322,7 +322,7 @@ def test_unknown_spec_lists_known_adapters():
         assert usage in str(info.value)
     assert [u for u, _ in adapters()] == [
         "digits", "folder:PATH", "omniglot:PATH", "cub200:PATH", "cars196:PATH", "sop:PATH", "inshop:PATH",
-        "files:PATH", "csv:FILE"]
+        "grocery:PATH", "files:PATH", "csv:FILE"]
 
 
 def test_spec_without_path_and_path_for_digits():

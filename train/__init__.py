@@ -6,8 +6,8 @@
 """
 
 from metricsearch.train.config import load_config
-from metricsearch.train.export import ExportReport, export_onnx
+from metricsearch.train.export import ExportReport, export_onnx, export_pretrained
 from metricsearch.train.losses.inspect import inspect_loss
 from metricsearch.train.trainer import RunResult, TrainingError, train
 
-__all__ = ["ExportReport", "RunResult", "TrainingError", "export_onnx", "inspect_loss", "load_config", "train"]
+__all__ = ["ExportReport", "RunResult", "TrainingError", "export_onnx", "export_pretrained", "inspect_loss", "load_config", "train"]

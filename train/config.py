@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from metricsearch.models.backbones import BACKBONES
+from metricsearch.models.backbones import BACKBONES, parse_backbone
 from metricsearch.models.preprocessing import Preprocessing
 from metricsearch.registry import Registry
 from metricsearch.train.augment import AUGMENTATIONS
@@ -36,7 +36,8 @@ DEFAULTS: dict[str, Any] = {
         "pretrained": None,
         "backbone_params": {},
         "tta_shifts": [],
-        "preprocessing": {"size": 28, "channels": 1, "mean": [0.5], "std": [0.5], "resize": "stretch"},
+        # keys set here replace the backbone's own preprocessing (its ImageNet one; 28 px gray for small_cnn)
+        "preprocessing": {},
     },
     "augment": {"name": "affine", "degrees": 10, "translate": [0.1, 0.1], "scale": [0.9, 1.1], "fill": 0},
     "sampler": {"name": "group", "classes_per_batch": 5, "images_per_class": 16},
@@ -197,10 +198,11 @@ def check_model(model: dict[str, Any]) -> None:
     """Check the model section, its backbone's parameters and its preprocessing keys."""
     check_keys(model, DEFAULTS["model"], "model.")
     try:
-        accepted = BACKBONES.parameters(model.get("backbone", DEFAULTS["model"]["backbone"]))
+        accepted = BACKBONES.parameters(parse_backbone(model.get("backbone", DEFAULTS["model"]["backbone"]))[0])
     except ValueError as exc:
         raise ValueError(f"config key model.backbone: {exc}") from None
-    passed = ("in_channels", "pretrained")  # the embedder passes them from the preprocessing and model.pretrained
+    # the embedder passes them from the preprocessing, model.pretrained and the backbone spec (timm:NAME)
+    passed = ("in_channels", "pretrained", "model_name")
     check_keys(model.get("backbone_params") or {}, [k for k in accepted if k not in passed], "model.backbone_params.",
                passed)
     check_keys(model.get("preprocessing") or {}, Preprocessing.__dataclass_fields__, "model.preprocessing.")

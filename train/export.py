@@ -1,4 +1,5 @@
-"""Export a trained embedder to ONNX with its preprocessing in the metadata, checked for parity."""
+"""Export a trained embedder, or a pretrained backbone's features off the shelf, to ONNX with its preprocessing in
+the metadata, checked for parity."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 import metricsearch
 from metricsearch.errors import MetricsearchError
+from metricsearch.data import load_image_set
 from metricsearch.models.embedder import Embedder, load_checkpoint, resolve_checkpoint
 from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
 from metricsearch.train.runs import run_split, sample_batch
@@ -94,3 +97,22 @@ def export_onnx(
         out.unlink(missing_ok=True)
         raise
     return ExportReport(out, diff, len(batch), model.dim)
+
+
+def export_pretrained(
+    backbone: str, out: str | Path, pretrained: str | bool = "imagenet", *, images: str | None = None,
+    batch_size: int = 32, opset: int = 17, atol: float = 1e-4,
+) -> ExportReport:
+    """Write a backbone's pooled, L2-normalised features (no training, no head) as an ONNX embedder to `out`,
+    with the backbone's own preprocessing, checked for parity on `batch_size` images of the spec `images`
+    (default: seeded random-pixel photos)."""
+    model = Embedder(backbone, dim=None, normalize=True, pretrained=pretrained)
+    pre = model.preprocessing
+    if images is not None:
+        batch = sample_batch(pre, load_image_set(images), batch_size)
+    else:
+        rng = np.random.default_rng(0)
+        batch = pre.batch([Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
+                           for _ in range(max(1, batch_size))])
+    return export_onnx(model, out, batch, source=f"{backbone} pretrained={pretrained}, no training",
+                       opset=opset, atol=atol)
