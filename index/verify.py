@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .faiss_files import index_bytes, load_index
+from .faiss_files import UnusableIndex, index_bytes, load_index
 from .faiss_index import describe, index_ids
 from .gallery import Gallery, file_sha256
 from .state import net_changes
-from .layout import Store
+from .layout import DamagedGallery, Store
 
 
 def gallery_info(db: str | Path, device: str = "auto") -> dict:
@@ -47,11 +47,18 @@ def verify_gallery(db: str | Path) -> dict:
     is the one the gallery was built with."""
     db = Path(db)
     problems, notes = [], []
-    store = Store.open(db)
+    try:
+        store = Store.open(db)
+    except DamagedGallery as exc:
+        return {"ok": False, "problems": [str(exc)], "notes": [], "count": None, "faiss_count": None}
     try:
         for _ in range(5):  # a writer may save a newer faiss file meanwhile: look again
-            with store.read() as txn:
-                report = _check(store, db, txn, problems, notes)
+            try:
+                with store.read() as txn:
+                    report = _check(store, db, txn, problems, notes)
+            except DamagedGallery as exc:
+                problems.append(str(exc))
+                report = {"count": None, "faiss_count": None}
             if report is not None:
                 break
             problems.clear()
@@ -86,7 +93,11 @@ def _check(store: Store, db: Path, txn, problems: list[str], notes: list[str]) -
     bad = sum(len(v) != width for v in txn.cursor(db=store.dbs["embeddings"]).iternext(keys=False))
     if bad:
         problems.append(f"{bad} embedding(s) are not {model['dim']}-d float32 vectors")
-    loaded = load_index(db)
+    try:
+        loaded = load_index(db)
+    except UnusableIndex as exc:
+        problems.append(str(exc))
+        return {"count": len(items), "faiss_count": None}
     if loaded is None:
         if state == "ready":
             problems.append(f"no faiss index in {db / 'index'}")
