@@ -241,7 +241,7 @@ def build_gallery(
             with store.read() as txn:
                 ready = store.meta(txn, "state") == "ready"
             if ready:  # a finished build resumed: bring its index up to the images added now
-                with Gallery(db, Store.open(db, writable=True), device=device) as gallery:
+                with Gallery.open(db, device=device, writable=True) as gallery:
                     gallery.checkpoint()
             else:
                 build_faiss(store, db, None, faiss_device)

@@ -41,6 +41,7 @@ ADD, REMOVE = b"A", b"R"
 COUNTERS = ("version", "next_id", "generation")
 R = TypeVar("R")
 _RECORD = struct.Struct("<32sqH")
+_P_OVERFLOW = 0x04  # LMDB's page flag of the first page of a large value's run of pages
 
 
 def id_key(item_id: int) -> bytes:
@@ -286,6 +287,24 @@ class Store:
         while cursor.first() and key_id(cursor.key()) <= upto:
             cursor.delete()
         self.put_meta(txn, "log_pruned_to", max(upto, self.meta(txn, "log_pruned_to", 0)))
+
+    def damaged_pages(self) -> np.ndarray:
+        """Pages of the LMDB file, up to the last one in use, whose header does not carry their own page
+        number (LMDB writes it in each; an overflow run's later pages carry value bytes): garbage that
+        LMDB itself may fail an assertion on (an abort, not an error) when it reads them."""
+        psize, n = self.env.stat()["psize"], self.env.info()["last_pgno"] + 1
+        data = self.path / "data.mdb"
+        n = min(n, data.stat().st_size // psize)
+        pages = np.memmap(data, np.uint8, "r", shape=(n, psize))
+        head = np.ascontiguousarray(pages[:, :16])
+        del pages
+        number, flags, run = head[:, :8].view("<u8")[:, 0], head[:, 10:12].view("<u2")[:, 0], head[:, 12:].view("<u4")[:, 0]
+        valid = number == np.arange(n)
+        starts = np.flatnonzero(valid & (flags & _P_OVERFLOW != 0))
+        cover = np.zeros(n + 1, np.int64)
+        np.add.at(cover, starts + 1, 1)
+        np.add.at(cover, np.minimum(starts + run[starts].astype(np.int64), n), -1)
+        return np.flatnonzero(~valid & (np.cumsum(cover)[:n] == 0))
 
     def used_bytes(self) -> int:
         """Bytes of the LMDB file in use (pages up to the last one written)."""

@@ -22,7 +22,7 @@ def gallery_info(db: str | Path, device: str = "auto") -> dict:
             state, model, count = store.meta(txn, "state"), store.meta(txn, "model") or {}, store.count(txn)
             job = store.meta(txn, "job")
         if state == "ready":
-            with Gallery(Path(db), Store.open(Path(db)), device=device) as gallery:
+            with Gallery.open(db, device=device) as gallery:
                 return {"state": state, **gallery.info()}
         return {"state": state or "empty", "db": str(db), "model": model.get("source"), "dim": model.get("dim"),
                 "count": count, "index_type": None, "search_params": {}, "last_job": job,
@@ -52,6 +52,11 @@ def verify_gallery(db: str | Path) -> dict:
     except DamagedGallery as exc:
         return {"ok": False, "problems": [str(exc)], "notes": [], "count": None, "faiss_count": None}
     try:
+        garbage = store.damaged_pages()
+        if len(garbage):  # checked before LMDB walks them
+            return {"ok": False, "notes": [], "count": None, "faiss_count": None, "problems": [
+                f"{store.path / 'data.mdb'} is damaged: {len(garbage)} page(s) are not LMDB pages (e.g. page "
+                f"{', '.join(map(str, garbage[:5]))}); restore the gallery folder from a backup, or build it again"]}
         for _ in range(5):  # a writer may save a newer faiss file meanwhile: look again
             try:
                 with store.read() as txn:
