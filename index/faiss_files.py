@@ -84,7 +84,8 @@ def load_index(db: Path) -> tuple[faiss.Index, dict] | None:
         except (ValueError, RuntimeError) as exc:  # JSON or faiss cannot read it: damaged, unless replaced meanwhile
             if _pairs(folder)[:1] == pairs[:1]:
                 detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-                raise UnusableIndex(f"{path} is damaged ({detail}): run `metricsearch index rebuild --db {db}`") from exc
+                raise UnusableIndex(f"{path} is damaged ({detail}): run `metricsearch index rebuild --db {db}`") \
+                    from exc
     raise OSError(f"cannot read the faiss index in {folder}: its files keep changing; try again")
 
 

@@ -231,8 +231,9 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
         try:
             work.train(np.ascontiguousarray(vectors[rows]))
         except RuntimeError as exc:
-            raise ValueError(f"faiss cannot train index {factory} on {size} vectors ({str(exc).strip().splitlines()[-1]}): "
-                             "choose another --index (auto or flat)") from exc
+            detail = str(exc).strip().splitlines()[-1]
+            raise ValueError(f"faiss cannot train index {factory} on {size} vectors ({detail}): choose another "
+                             "--index (auto or flat)") from exc
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
     return (index if work is index else to_cpu(work)), rows
 

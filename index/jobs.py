@@ -231,10 +231,10 @@ def build_gallery(
                 settings = ReadSettings(**store.meta(txn, "settings"))
             device_info = {"onnxruntime": embedder.providers[0], "faiss": faiss_device}
             log.info("index build: embedding with %s, faiss on %s", *device_info.values())
-            times = _index_images(store, image_set, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
-                                  settings, embedder.dim, resume=resume and existing, batch_size=batch_size,
-                                  workers=workers, progress=progress, engine=run_on, model=db / MODEL_FILE,
-                                  device=device)
+            times = _index_images(store, image_set, images, split, embed_step or EmbedStep(embedder),
+                                  embedder.preprocessing, settings, embedder.dim, resume=resume and existing,
+                                  batch_size=batch_size, workers=workers, progress=progress, engine=run_on,
+                                  model=db / MODEL_FILE, device=device)
             reached("embedded")
             pipeline_s, t = times.total, time.perf_counter()
             device_info["engine"] = run_on.name

@@ -93,8 +93,9 @@ def reporting_damage(db: Path) -> Iterator[None]:
         if isinstance(exc, (lmdb.MapFullError, lmdb.ReadonlyError)):
             raise
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DamagedGallery(f"{Path(db) / LMDB_DIR / 'data.mdb'} is damaged or unreadable ({detail}): restore the gallery "
-                             "folder from a backup, or build it again with `metricsearch index build --overwrite`") from exc
+        raise DamagedGallery(f"{Path(db) / LMDB_DIR / 'data.mdb'} is damaged or unreadable ({detail}): restore the "
+                             "gallery folder from a backup, or build it again with `metricsearch index build "
+                             "--overwrite`") from exc
 
 
 _OPEN: dict[str, tuple[Store, int]] = {}
@@ -298,7 +299,8 @@ class Store:
         pages = np.memmap(data, np.uint8, "r", shape=(n, psize))
         head = np.ascontiguousarray(pages[:, :16])
         del pages
-        number, flags, run = head[:, :8].view("<u8")[:, 0], head[:, 10:12].view("<u2")[:, 0], head[:, 12:].view("<u4")[:, 0]
+        number, flags = head[:, :8].view("<u8")[:, 0], head[:, 10:12].view("<u2")[:, 0]
+        run = head[:, 12:].view("<u4")[:, 0]
         valid = number == np.arange(n)
         starts = np.flatnonzero(valid & (flags & _P_OVERFLOW != 0))
         cover = np.zeros(n + 1, np.int64)

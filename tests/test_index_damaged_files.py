@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from index_data import cli, write_flat_folder
+from index_data import cli, one_line, write_flat_folder
 
 from metricsearch.app.cli import main
 from metricsearch.index import Gallery, build_gallery, verify_gallery
@@ -38,12 +38,6 @@ def copy_of(gallery_source, tmp_path: Path) -> Path:
 
 def faiss_files(db: Path) -> list[Path]:
     return sorted((db / "index").glob("*.faiss"))
-
-
-def one_line(err: str) -> str:
-    err = err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
 
 
 @pytest.mark.parametrize("damage", ["deleted", "garbage", "header not json"])

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from index_data import cli, job_state, write_flat_folder
+from index_data import cli, job_state, one_line, write_flat_folder
 
 from metricsearch.app.cli import main
 from metricsearch.index import Gallery, build_gallery, verify_gallery
@@ -60,8 +60,7 @@ def test_a_bad_images_spec_is_refused_before_the_gallery_folder_is_made(digits_o
     folder = write_flat_folder(tmp_path / "imgs", 12)
     db = tmp_path / "g"
     assert main(build_args(digits_onnx, images.format(images=folder), db)) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    one_line(capsys.readouterr().err)
     assert not db.exists()  # no half gallery, no write.lock
     assert main(build_args(digits_onnx, f"files:{folder}", db)) == 0
     assert verify_gallery(db)["ok"]
@@ -75,8 +74,7 @@ def test_a_missing_or_garbage_model_is_refused_before_the_gallery_folder_is_made
     db = tmp_path / "g"
     for model in (tmp_path / "missing.onnx", garbage):
         assert main(build_args(model, f"files:{folder}", db)) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and str(model) in err, err
+        assert str(model) in one_line(capsys.readouterr().err)
         assert not db.exists()
     assert main(build_args(digits_onnx, f"files:{folder}", db)) == 0
 
@@ -86,17 +84,33 @@ def test_an_untrainable_index_is_refused_before_embedding_or_resumed_with_anothe
     folder = write_flat_folder(tmp_path / "imgs", 40)
     db = tmp_path / "g"
     assert main(build_args(digits_onnx, f"files:{folder}", db, "--index", "IVF99999,Flat")) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "99999 lists" in err, err
+    assert "99999 lists" in one_line(capsys.readouterr().err)
     assert not db.exists()
     # 40 files but only 10 images: the index cannot be trained once the images are in
     for path in sorted(folder.glob("*.png"))[10:]:
         path.write_text("not an image")
     assert main(build_args(digits_onnx, f"files:{folder}", db, "--index", "IVF20,Flat")) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "IVF20,Flat" in err and "--index" in err, err
+    err = one_line(capsys.readouterr().err)
+    assert "IVF20,Flat" in err and "--index" in err, err
     assert job_state(db)["state"] == "building" and job_state(db)["count"] == 10
     assert main(build_args(digits_onnx, f"files:{folder}", db, "--resume", "--index", "flat")) == 0
     capsys.readouterr()
     check = verify_gallery(db)
     assert check["ok"] and check["count"] == 10, check
+
+
+@pytest.mark.parametrize("option", [["--max-pixels", "0"], ["--max-pixels", "-1"], ["--min-side", "-1"],
+                                    ["--min-side", "0"], ["--thumbnail-size", "-5"], ["--batch", "0"],
+                                    ["--workers", "0"], ["--ray-actors", "0"]])
+def test_a_non_positive_number_is_refused_in_one_line_before_anything_is_made(digits_onnx, tmp_path, capsys,
+                                                                              option) -> None:
+    folder = write_flat_folder(tmp_path / "imgs", 4)
+    db = tmp_path / "g"
+    assert main([*build_args(digits_onnx, f"files:{folder}", db), *option]) == 2
+    err = one_line(capsys.readouterr().err)
+    assert option[0] in err and option[1] in err, err
+    assert not db.exists()
+    if option[0] in ("--batch", "--workers"):
+        build_gallery(digits_onnx, f"files:{folder}", db)
+        assert main(["index", "add", "--db", str(db), "--images", f"files:{folder}", *option]) == 2
+        assert option[0] in one_line(capsys.readouterr().err)
