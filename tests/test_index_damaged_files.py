@@ -51,9 +51,11 @@ def test_a_deleted_or_damaged_faiss_file_is_named_and_every_job_recovers(gallery
             path.unlink()
     else:
         damaged.write_bytes(b"{ not json" if damage == "header not json" else np.random.default_rng(0).bytes(8192))
-    assert main(["index", "info", "--db", str(db)]) == 2
-    err = one_line(capsys.readouterr().err)
-    assert ("has no faiss index" if damage == "deleted" else str(damaged)) in err and "rebuild" in err
+    query = str(sorted(gallery_source[1].glob("*.png"))[0])
+    for args in (["index", "info", "--db", str(db)], ["search", "--db", str(db), "--image", query]):
+        assert main(args) == 2
+        err = one_line(capsys.readouterr().err)
+        assert ("has no faiss index" if damage == "deleted" else str(damaged)) in err and "rebuild" in err
     assert main(["index", "verify", "--db", str(db)]) == 1
     capsys.readouterr()
     # each job that changes the gallery rebuilds the index from the stored embeddings, and says so
