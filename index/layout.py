@@ -296,6 +296,8 @@ class Store:
         psize, n = self.env.stat()["psize"], self.env.info()["last_pgno"] + 1
         data = self.path / "data.mdb"
         n = min(n, data.stat().st_size // psize)
+        if n == 0:
+            return np.zeros(0, np.int64)
         pages = np.memmap(data, np.uint8, "r", shape=(n, psize))
         head = np.ascontiguousarray(pages[:, :16])
         del pages
