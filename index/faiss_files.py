@@ -59,8 +59,9 @@ def save_index(db: Path, index: faiss.Index, header: dict) -> Path:
         if key != keep:
             old.unlink(missing_ok=True)
             old.with_suffix(".faiss").unlink(missing_ok=True)
-    for stale in folder.glob("*.tmp"):
-        stale.unlink(missing_ok=True)
+    for stale in [*folder.glob("*.tmp"), *folder.glob("*.faiss")]:  # and a file whose header was never written
+        if stale != path:
+            stale.unlink(missing_ok=True)
     return path
 
 

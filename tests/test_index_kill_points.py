@@ -46,6 +46,7 @@ def test_a_build_killed_at_every_step_recovers_to_exactly_the_clean_gallery(digi
         check = verify_gallery(db)
         assert check["ok"] and check["count"] == 36, (step, check)
         assert job_state(db)["state"] == "ready"
+        assert sorted(p.suffix for p in (db / "index").iterdir()) == [".faiss", ".json"], step  # nothing left over
         with Gallery.open(db) as gallery:
             assert sorted(gallery.catalog.paths) == expected, step
             assert gallery.catalog.ids.tolist() == list(range(36)), step  # nothing stored twice
