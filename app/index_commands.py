@@ -147,7 +147,8 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     p.add_argument("--model", required=True, help="the exported .onnx embedder")
     images(p)
     p.add_argument("--index", help="auto (flat up to 50,000 items, else IVF; IVF-PQ when memory is short), flat, ivf, "
-                   "ivfpq, hnsw, or a faiss factory string (default: auto)")
+                   "ivfpq, hnsw, or a faiss factory string (default: auto); with --resume, replaces the request of an "
+                   "unfinished build")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build where its committed work ends")
     p.add_argument("--overwrite", action="store_true", help="replace a gallery that is already in --db")
     p.add_argument("--thumbnail-size", type=int, default=256, help="long side of the stored thumbnails, in pixels")
@@ -181,7 +182,7 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     p = add("search", cmd_search, "Search a gallery with one image: its nearest items, nearest first.")
     p.add_argument("--db", required=True, help="the gallery folder")
     p.add_argument("--image", required=True, help="the query image file")
-    p.add_argument("-k", type=int, default=10, help="how many items to return")
+    p.add_argument("-k", type=int, default=10, help="how many items to return (at most the gallery's item count)")
     p.add_argument("--label", help="only items with this label")
     p.add_argument("--model", help="refuse unless this .onnx file is the gallery's model")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)

@@ -26,7 +26,7 @@ from metricsearch.index.faiss_index import recall_without_self
 from metricsearch.index.jobs import _create, build_faiss
 from metricsearch.index.layout import Store
 from metricsearch.index.pipeline import ImageReader, ReadItem, ReadSettings, source_names
-from metricsearch.index.writer import GalleryWriter, start_job
+from metricsearch.index.writer import GalleryWriter
 from metricsearch.models import OnnxEmbedder, Preprocessing, ordered_batches, preprocessed_batches
 from metricsearch.data import load_image_set
 
@@ -139,8 +139,7 @@ def synthetic_gallery(db: Path, vectors: np.ndarray, model: Path, chunk: int = 2
     """A gallery of precomputed vectors through the real writer and index stage (no images, no thumbnails)."""
     store = Store.open(db, writable=True)
     try:
-        _create(store, db, model, OnnxEmbedder(model, "cpu"), ReadSettings(thumbnail_size=0), "auto")
-        start_job(store, "build", "synthetic", None, resume=False)
+        _create(store, db, model, OnnxEmbedder(model, "cpu"), ReadSettings(thumbnail_size=0), "auto", "synthetic", None)
         writer = GalleryWriter(store)
         for start in range(0, len(vectors), chunk):
             items = [ReadItem(i, f"synthetic/{i:07d}", f"c{i % 1000}", sha256=hashlib.sha256(b"%d" % i).digest(),

@@ -12,6 +12,11 @@ from pathlib import Path
 import faiss
 
 from .faiss_index import INDEX_DIR
+from .steps import reached
+
+
+class UnusableIndex(ValueError):
+    """The gallery's faiss index is missing, damaged or does not fit its LMDB: rebuild it from the embeddings."""
 
 
 def _sync_write(path: Path, write) -> None:
@@ -42,6 +47,7 @@ def save_index(db: Path, index: faiss.Index, header: dict) -> Path:
     stem = f"{int(header['version']):012d}-{int(header['generation']):06d}"
     path = folder / f"{stem}.faiss"
     _sync_write(path, lambda p: faiss.write_index(index, str(p)))
+    reached("faiss_file")
     _sync_write(folder / f"{stem}.json", lambda p: p.write_text(json.dumps(header, indent=1, sort_keys=True)))
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -53,8 +59,9 @@ def save_index(db: Path, index: faiss.Index, header: dict) -> Path:
         if key != keep:
             old.unlink(missing_ok=True)
             old.with_suffix(".faiss").unlink(missing_ok=True)
-    for stale in folder.glob("*.tmp"):
-        stale.unlink(missing_ok=True)
+    for stale in [*folder.glob("*.tmp"), *folder.glob("*.faiss")]:  # and a file whose header was never written
+        if stale != path:
+            stale.unlink(missing_ok=True)
     return path
 
 
@@ -66,12 +73,21 @@ def load_index(db: Path) -> tuple[faiss.Index, dict] | None:
         if not pairs:
             return None
         _, header_path = pairs[0]
+        path = header_path
         try:
             header = json.loads(header_path.read_text())
-            return faiss.read_index(str(header_path.with_suffix(".faiss"))), header
-        except (FileNotFoundError, RuntimeError):
+            if not isinstance(header, dict):
+                raise ValueError("not a JSON object")
+            path = header_path.with_suffix(".faiss")
+            return faiss.read_index(str(path)), header
+        except FileNotFoundError:
             continue
-    raise OSError(f"cannot read the faiss index in {folder}: its files keep changing or are damaged")
+        except (ValueError, RuntimeError) as exc:  # JSON or faiss cannot read it: damaged, unless replaced meanwhile
+            if _pairs(folder)[:1] == pairs[:1]:
+                detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                raise UnusableIndex(f"{path} is damaged ({detail}): run `metricsearch index rebuild --db {db}`") \
+                    from exc
+    raise OSError(f"cannot read the faiss index in {folder}: its files keep changing; try again")
 
 
 def index_bytes(db: Path) -> int:

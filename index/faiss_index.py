@@ -142,6 +142,14 @@ def make_index(factory: str, dim: int) -> faiss.Index:
     return index
 
 
+def check_trainable(factory: str, dim: int, n: int) -> None:
+    """ValueError unless faiss can train index `factory` on n vectors (an IVF index needs one per list)."""
+    ivf = faiss.try_extract_index_ivf(make_index(factory, dim))
+    if ivf is not None and n < ivf.nlist:
+        raise ValueError(f"faiss index {factory} has {ivf.nlist} lists and needs at least that many vectors to "
+                         f"train, the gallery has {n}: choose another --index (auto, flat, or fewer lists)")
+
+
 GPU_FRACTION = 0.8  # an index may take this share of a GPU's free memory (the rest: search scratch space)
 
 
@@ -215,6 +223,7 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
                 seed: int = 0) -> tuple[faiss.Index, np.ndarray]:
     """An index of `vectors` under `ids`, trained on a random sample (on the GPUs with device gpu);
     returns the CPU index and the rows of the training sample."""
+    check_trainable(factory, vectors.shape[1], len(vectors))
     index = make_index(factory, vectors.shape[1])
     rows = np.zeros(0, dtype=np.int64)
     work = to_device(index, device, len(vectors))
@@ -222,7 +231,12 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
         ivf = faiss.try_extract_index_ivf(index)
         size = min(len(vectors), TRAIN_PER_LIST * ivf.nlist if ivf is not None else 100_000)
         rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=size, replace=False))
-        work.train(np.ascontiguousarray(vectors[rows]))
+        try:
+            work.train(np.ascontiguousarray(vectors[rows]))
+        except RuntimeError as exc:
+            detail = str(exc).strip().splitlines()[-1]
+            raise ValueError(f"faiss cannot train index {factory} on {size} vectors ({detail}): choose another "
+                             "--index (auto or flat)") from exc
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
     return (index if work is index else to_cpu(work)), rows
 

@@ -23,9 +23,9 @@ import numpy as np
 from metricsearch.models import OnnxEmbedder, select_providers
 
 from .catalog import Catalog, SearchResults
-from .faiss_files import index_bytes, save_index
+from .faiss_files import UnusableIndex, index_bytes, save_index
 from .faiss_index import select_device
-from .layout import FORMAT_VERSION, Store, id_key
+from .layout import FORMAT_VERSION, Store, id_key, reporting_damage
 from .locks import job_lock
 from .state import IndexState, Newer
 from .pipeline import ReadSettings, decode, normalized, read_bytes
@@ -83,7 +83,13 @@ class Gallery:
         self._embedder_lock = threading.Lock()
         self._state: IndexState | None = None
         self._checked_at = -1.0
-        self.refresh()
+        try:
+            self.refresh()
+        except UnusableIndex as exc:
+            if not store.writable:
+                raise
+            log.warning("%s; rebuilding it from the stored embeddings now", str(exc).split(": run ")[0])
+            self.rebuild()
 
     @classmethod
     def open(cls, db: str | Path, *, model: str | Path | None = None, device: str = "auto",
@@ -125,7 +131,7 @@ class Gallery:
     def refresh(self) -> None:
         """Bring the in-memory index and catalog up to the latest committed write."""
         for _ in range(5):
-            with self.store.lock.writing():
+            with self.store.lock.writing(), reporting_damage(self.db):
                 try:
                     txn = self.store.env.begin()
                 except lmdb.MapResizedError:  # another process grew the map: adopt its size
@@ -148,7 +154,7 @@ class Gallery:
 
     def search(self, queries: Any, k: int = 10, label: str | None = None) -> SearchResults:
         """The k nearest items of each query, nearest first (optionally only items labelled `label`):
-        one Hits per query, in order.
+        one Hits per query, in order; k above the gallery's item count is capped to it.
 
         `queries`: an N x dim float array of vectors (one vector: 1 x dim), or images (a path,
         bytes, PIL image or uint8 array, or a list of them) embedded with the gallery's model."""
@@ -169,9 +175,10 @@ class Gallery:
     def _current(self, state: IndexState) -> bool:
         """Whether `state` is still the LMDB's committed version (no other process has written since)."""
         now = time.monotonic()
-        txn = self.store.begin()
-        current = self.store.version(txn) == state.version
-        txn.abort()
+        with reporting_damage(self.db):
+            txn = self.store.begin()
+            current = self.store.version(txn) == state.version
+            txn.abort()
         if current:
             self._checked_at = now
         return current

@@ -21,17 +21,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from metricsearch.data import DEFAULT_MAX_PIXELS, load_image_set
+from metricsearch.data import DEFAULT_MAX_PIXELS, ImageSet, load_image_set
 from metricsearch.models import OnnxEmbedder
 
 from .faiss_files import save_index
-from .faiss_index import INDEX_DIR, PQ_MIN, build_index, choose_index, describe, make_index, select_device, tune
+from .faiss_index import (INDEX_DIR, PQ_MIN, build_index, check_trainable, choose_index, describe, make_index,
+                          select_device, tune)
 from .gallery import Gallery, check_model, file_sha256
-from .layout import FORMAT_VERSION, LMDB_DIR, Store
+from .layout import FORMAT_VERSION, LMDB_DIR, NotCreated, Store
 from .locks import job_lock
 from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, ImageReader, ReadSettings, StageTimes, run_pipeline, source_names
 from .ray_engine import check_engine, run_ray_pipeline
-from .writer import GalleryWriter, bump_version, start_job
+from .steps import reached
+from .writer import GalleryWriter, bump_version, record_job, start_job
 
 log = logging.getLogger("metricsearch.index")
 MODEL_FILE = "model.onnx"
@@ -78,6 +80,7 @@ def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str) 
               "exact": info["exact"], "removable": info["removable"], "fingerprint": model["fingerprint"],
               "dim": int(model["dim"]), "count": len(ids), "built_on": faiss_device}
     save_index(db, index, header)
+    reached("faiss_saved")
 
     def ready(txn) -> None:
         store.put_meta(txn, "index", {k: header[k] for k in ("factory", "reason", "request", "params", "tuning", "kind")})
@@ -105,13 +108,12 @@ class Engine:
         check_engine(self.name)
 
 
-def _index_images(store: Store, images: str, split: str | None, embed: Callable[[dict], dict], preprocessing,
-                  settings: ReadSettings, dim: int, *, resume: bool, batch_size: int, workers: int | None,
-                  progress: bool, after_batch: Callable[[], None] | None = None, engine: Engine = Engine(),
-                  model: Path | None = None, device: str = "auto") -> StageTimes:
-    """Run reader -> embedder -> writer over the images of a spec (on resume: those not yet committed);
-    with the ray engine, the reader and the embedder (`model`) run on the cluster."""
-    image_set = load_image_set(images, split, check=False)
+def _index_images(store: Store, image_set: ImageSet, images: str, split: str | None, embed: Callable[[dict], dict],
+                  preprocessing, settings: ReadSettings, dim: int, *, resume: bool, batch_size: int,
+                  workers: int | None, progress: bool, after_batch: Callable[[], None] | None = None,
+                  engine: Engine = Engine(), model: Path | None = None, device: str = "auto") -> StageTimes:
+    """Run reader -> embedder -> writer over `image_set`, loaded from spec `images` (on resume: the images
+    not yet committed); with the ray engine, the reader and the embedder (`model`) run on the cluster."""
     sources = source_names(image_set, images, split)
     positions = list(range(len(sources)))
     if resume:  # skip what the interrupted job committed: indexed, duplicate or failed
@@ -125,6 +127,7 @@ def _index_images(store: Store, images: str, split: str | None, embed: Callable[
         if vectors is not None and vectors.shape[1] != dim:
             raise ValueError(f"the embed step gave {vectors.shape[1]}-d vectors, the gallery holds {dim}-d ones")
         writer.write_batch(items, vectors)
+        reached("batch")
         if after_batch is not None:
             after_batch()
 
@@ -157,7 +160,10 @@ def _finish(store: Store, db: Path, times: StageTimes, pipeline_s: float, device
 def _existing(db: Path) -> bool:
     if not (db / LMDB_DIR / "data.mdb").is_file():
         return False
-    store = Store.open(db)
+    try:
+        store = Store.open(db)
+    except NotCreated:  # a build stopped before its first commit: nothing to keep
+        return False
     try:
         with store.read() as txn:
             return store.meta(txn, "format") is not None
@@ -165,12 +171,14 @@ def _existing(db: Path) -> bool:
         store.close()
 
 
-def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, settings: ReadSettings, request: str) -> None:
-    """Copy the model into the gallery and write the metadata of a new gallery."""
+def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, settings: ReadSettings, request: str,
+            images: str, split: str | None) -> None:
+    """Copy the model into the gallery and write the metadata of a new gallery with its build job, in one commit."""
     make_index(choose_index(PQ_MIN, embedder.dim, request).factory, embedder.dim)  # a bad --index fails now
     tmp = db / (MODEL_FILE + ".tmp")
     shutil.copyfile(model, tmp)
     os.replace(tmp, db / MODEL_FILE)
+    reached("model_copied")
     meta = {"fingerprint": file_sha256(db / MODEL_FILE), "dim": embedder.dim, "source": os.path.abspath(model),
             "file": MODEL_FILE, "preprocessing": embedder.preprocessing.to_dict(), "normalized": embedder.normalized}
 
@@ -179,9 +187,10 @@ def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, setting
                            ("state", "building"), ("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
                            ("generation", 0), ("next_id", 0), ("format", FORMAT_VERSION)):
             store.put_meta(txn, key, value)
-        bump_version(store, txn)
+        record_job(store, txn, "build", images, split, resume=False)
 
     store.write(fn)
+    reached("created")
 
 
 def build_gallery(
@@ -199,7 +208,15 @@ def build_gallery(
     start, db, model = time.perf_counter(), Path(db), Path(model)
     run_on = _engine(engine, ray_address, ray_actors, embed_step)
     faiss_device = select_device(device)
+    check_counts(batch_size, workers, ray_actors)
+    settings = ReadSettings(max_pixels, min_side, thumbnail_size)
+    # the images, the model and the index request are checked before anything is made on disk
+    image_set = load_image_set(images, split, check=False)
+    embedder = OnnxEmbedder(model, device)
+    if index is not None:
+        check_trainable(choose_index(len(image_set), embedder.dim, index).factory, embedder.dim, len(image_set))
     with job_lock(db):
+        reached("locked")
         existing = _existing(db)
         if existing and not (resume or overwrite):
             raise ValueError(f"{db} already holds a gallery: pass --resume to continue its build, use `metricsearch "
@@ -207,30 +224,32 @@ def build_gallery(
         if existing and overwrite:
             for name in (LMDB_DIR, INDEX_DIR, MODEL_FILE, REPORT_FILE):
                 shutil.rmtree(db / name) if (db / name).is_dir() else (db / name).unlink(missing_ok=True)
-        embedder = OnnxEmbedder(model, device)
         store = Store.open(db, writable=True)
         try:
-            notes = _prepare(store, db, model, embedder, images, split, index, resume and existing,
-                             ReadSettings(max_pixels, min_side, thumbnail_size))
+            notes = _prepare(store, db, model, embedder, images, split, index, resume and existing, settings)
             with store.read() as txn:
                 settings = ReadSettings(**store.meta(txn, "settings"))
             device_info = {"onnxruntime": embedder.providers[0], "faiss": faiss_device}
             log.info("index build: embedding with %s, faiss on %s", *device_info.values())
-            times = _index_images(store, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
-                                  settings, embedder.dim, resume=resume and existing, batch_size=batch_size,
-                                  workers=workers, progress=progress, engine=run_on, model=db / MODEL_FILE,
-                                  device=device)
+            times = _index_images(store, image_set, images, split, embed_step or EmbedStep(embedder),
+                                  embedder.preprocessing, settings, embedder.dim, resume=resume and existing,
+                                  batch_size=batch_size, workers=workers, progress=progress, engine=run_on,
+                                  model=db / MODEL_FILE, device=device)
+            reached("embedded")
             pipeline_s, t = times.total, time.perf_counter()
             device_info["engine"] = run_on.name
             with store.read() as txn:
                 ready = store.meta(txn, "state") == "ready"
             if ready:  # a finished build resumed: bring its index up to the images added now
-                with Gallery(db, Store.open(db, writable=True), device=device) as gallery:
+                with Gallery.open(db, device=device, writable=True) as gallery:
                     gallery.checkpoint()
             else:
                 build_faiss(store, db, None, faiss_device)
+            reached("ready")
             times.index, times.total = time.perf_counter() - t, time.perf_counter() - start
-            return _finish(store, db, times, pipeline_s, device_info, notes)
+            summary = _finish(store, db, times, pipeline_s, device_info, notes)
+            reached("reported")
+            return summary
         finally:
             store.close()
 
@@ -240,9 +259,9 @@ def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images
     """Create the gallery, or check that a resumed one is the same model, images and index request."""
     with store.read() as txn:
         meta_model, job, request = store.meta(txn, "model"), store.meta(txn, "job"), store.meta(txn, "index_request")
+        state = store.meta(txn, "state")
     if meta_model is None:
-        _create(store, db, model, embedder, settings, index or "auto")
-        start_job(store, "build", images, split, resume=False)
+        _create(store, db, model, embedder, settings, index or "auto", images, split)
         return []
     check_model(meta_model, model, embedder.dim)
     if job is None or job["command"] != "build" or (job["images"], job["split"]) != (images, split):
@@ -250,10 +269,21 @@ def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images
         raise ValueError(f"--resume continues an interrupted build, and the last job here was {what}: pass the same "
                          "--images and --split, or use `metricsearch index add` for other images")
     if index is not None and index != request:
-        raise ValueError(f"this build was started with --index {request}; resume it with the same --index (or none)")
+        if state == "ready":
+            raise ValueError(f"this gallery was built with --index {request}; change its index with "
+                             f"`metricsearch index rebuild --db {db} --index {index}`")
+        store.write(lambda txn: store.put_meta(txn, "index_request", index))  # the index is not built yet
     start_job(store, "build", images, split, resume=True)
     return [f"resumed: {job['indexed']} images were indexed before, {job['duplicates']} duplicates, "
             f"{job['failed']} failed"]
+
+
+def check_counts(batch_size: int, workers: int | None, ray_actors: int | None) -> None:
+    """ValueError naming the first of these counts that is given and below 1."""
+    for name, value in (("batch_size (--batch)", batch_size), ("workers (--workers)", workers),
+                        ("ray_actors (--ray-actors)", ray_actors)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
 
 
 def _engine(name: str, address: str | None, actors: int | None, embed_step: Callable | None) -> Engine:
@@ -268,11 +298,13 @@ def run_add(gallery: Gallery, images: str, *, split: str | None = None, batch_si
     """Index the images of a spec into an open, writable gallery; searches see each batch as it commits."""
     start, store = time.perf_counter(), gallery.store
     run_on = _engine(engine, ray_address, ray_actors, embed_step)
+    check_counts(batch_size, workers, ray_actors)
     if not store.writable:
         raise ValueError(f"{gallery.db} was opened read-only: open it with writable=True to add images")
+    image_set = load_image_set(images, split, check=False)
     start_job(store, "add", images, split, resume=False)
     embedder = gallery.embedder
-    times = _index_images(store, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
+    times = _index_images(store, image_set, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
                           ReadSettings(**gallery.settings), gallery.dim, resume=False, batch_size=batch_size,
                           workers=workers, progress=progress, after_batch=gallery.refresh, engine=run_on,
                           model=embedder.path, device=gallery.device)

@@ -31,6 +31,7 @@ import lmdb
 import numpy as np
 
 from .locks import RWLock
+from .steps import reached
 
 LMDB_DIR = "gallery.lmdb"
 FORMAT_VERSION = 1
@@ -40,6 +41,7 @@ ADD, REMOVE = b"A", b"R"
 COUNTERS = ("version", "next_id", "generation")
 R = TypeVar("R")
 _RECORD = struct.Struct("<32sqH")
+_P_OVERFLOW = 0x04  # LMDB's page flag of the first page of a large value's run of pages
 
 
 def id_key(item_id: int) -> bytes:
@@ -74,6 +76,28 @@ class ItemRecord:
         return cls(bytes(data[_RECORD.size + n:]).decode(), label or None, sha, size)
 
 
+class NotCreated(FileNotFoundError):
+    """The gallery's LMDB file exists, its named databases do not (a build stopped before creating them)."""
+
+
+class DamagedGallery(OSError):
+    """The gallery's LMDB file cannot be read: damaged pages or records that do not decode."""
+
+
+@contextmanager
+def reporting_damage(db: Path) -> Iterator[None]:
+    """Turn LMDB's errors and records that do not decode into one DamagedGallery naming the file."""
+    try:
+        yield
+    except (lmdb.Error, struct.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if isinstance(exc, (lmdb.MapFullError, lmdb.ReadonlyError)):
+            raise
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DamagedGallery(f"{Path(db) / LMDB_DIR / 'data.mdb'} is damaged or unreadable ({detail}): restore the "
+                             "gallery folder from a backup, or build it again with `metricsearch index build "
+                             "--overwrite`") from exc
+
+
 _OPEN: dict[str, tuple[Store, int]] = {}
 _OPEN_LOCK = threading.Lock()  # guards the table of open stores
 
@@ -88,16 +112,22 @@ class Store:
 
     def __init__(self, path: Path, writable: bool) -> None:
         self.path, self.writable = path, writable
-        try:
+        with reporting_damage(path.parent):
             self.env = lmdb.open(str(path), max_dbs=len(DB_NAMES) + 2, readonly=not writable,
                                  map_size=INITIAL_MAP_SIZE, readahead=False)
-        except lmdb.Error as exc:
-            raise OSError(f"cannot open the gallery database {path}: {exc}") from exc
-        try:
-            self.dbs = {name: self.env.open_db(name.encode(), create=writable) for name in DB_NAMES}
-        except lmdb.NotFoundError:
-            self.env.close()
-            raise FileNotFoundError(f"{path.parent} is not a gallery yet (its databases are being created)") from None
+            try:
+                if writable:  # all of them in one transaction: none or all exist, even after SIGKILL
+                    with self.env.begin(write=True) as txn:
+                        self.dbs = {}
+                        for name in DB_NAMES:
+                            self.dbs[name] = self.env.open_db(name.encode(), txn=txn)
+                            reached("databases")
+                else:  # a handle opened in a read transaction would not outlive it
+                    self.dbs = {name: self.env.open_db(name.encode(), create=False) for name in DB_NAMES}
+            except lmdb.NotFoundError:
+                self.env.close()
+                raise NotCreated(f"{path.parent} is not a gallery: its build stopped before it created its "
+                                 "databases; run `metricsearch index build` again") from None
         self.lock = RWLock()
 
     @classmethod
@@ -150,7 +180,7 @@ class Store:
         """A read transaction under the shared lock."""
         self.lock.acquire_read()
         try:
-            with self.begin() as txn:
+            with reporting_damage(self.path.parent), self.begin() as txn:
                 yield txn
         finally:
             self.lock.release_read()
@@ -162,8 +192,9 @@ class Store:
         while True:
             txn = self.env.begin(write=True)
             try:
-                result = fn(txn)
-                txn.commit()
+                with reporting_damage(self.path.parent):
+                    result = fn(txn)
+                    txn.commit()
                 return result
             except lmdb.MapFullError:
                 txn.abort()
@@ -257,6 +288,27 @@ class Store:
         while cursor.first() and key_id(cursor.key()) <= upto:
             cursor.delete()
         self.put_meta(txn, "log_pruned_to", max(upto, self.meta(txn, "log_pruned_to", 0)))
+
+    def damaged_pages(self) -> np.ndarray:
+        """Pages of the LMDB file, up to the last one in use, whose header does not carry their own page
+        number (LMDB writes it in each; an overflow run's later pages carry value bytes): garbage that
+        LMDB itself may fail an assertion on (an abort, not an error) when it reads them."""
+        psize, n = self.env.stat()["psize"], self.env.info()["last_pgno"] + 1
+        data = self.path / "data.mdb"
+        n = min(n, data.stat().st_size // psize)
+        if n == 0:
+            return np.zeros(0, np.int64)
+        pages = np.memmap(data, np.uint8, "r", shape=(n, psize))
+        head = np.ascontiguousarray(pages[:, :16])
+        del pages
+        number, flags = head[:, :8].view("<u8")[:, 0], head[:, 10:12].view("<u2")[:, 0]
+        run = head[:, 12:].view("<u4")[:, 0]
+        valid = number == np.arange(n)
+        starts = np.flatnonzero(valid & (flags & _P_OVERFLOW != 0))
+        cover = np.zeros(n + 1, np.int64)
+        np.add.at(cover, starts + 1, 1)
+        np.add.at(cover, np.minimum(starts + run[starts].astype(np.int64), n), -1)
+        return np.flatnonzero(~valid & (np.cumsum(cover)[:n] == 0))
 
     def used_bytes(self) -> int:
         """Bytes of the LMDB file in use (pages up to the last one written)."""

@@ -37,6 +37,14 @@ class ReadSettings:
     max_bytes: int = MAX_FILE_BYTES
     mode: str | None = None
 
+    def __post_init__(self) -> None:
+        for name, option, value, least in (("max_pixels", "--max-pixels", self.max_pixels, 1),
+                                           ("min_side", "--min-side", self.min_side, 1),
+                                           ("thumbnail_size", "--thumbnail-size", self.thumbnail_size, 0),
+                                           ("max_bytes", "", self.max_bytes, 1)):
+            if value is not None and value < least:
+                raise ValueError(f"{name}{f' ({option})' if option else ''} must be at least {least}, got {value}")
+
     def to_dict(self) -> dict:
         """JSON-safe form, stored in the gallery's metadata."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -13,7 +13,7 @@ import lmdb
 import numpy as np
 
 from .catalog import Catalog, SearchResults
-from .faiss_files import load_index
+from .faiss_files import UnusableIndex, load_index
 from .faiss_index import describe, search_params, set_param, to_device
 from .layout import ADD, Store
 
@@ -51,16 +51,16 @@ class IndexState:
         version, generation = store.version(txn), store.meta(txn, "generation", 0)
         loaded = load_index(db)
         if loaded is None:
-            raise ValueError(f"{db} has no faiss index: run `metricsearch index rebuild --db {db}`")
+            raise UnusableIndex(f"{db} has no faiss index: run `metricsearch index rebuild --db {db}`")
         index, header = loaded
         if header["version"] > version:
             raise Newer
         if header["fingerprint"] != model["fingerprint"] or header["dim"] != model["dim"]:
-            raise ValueError(f"{db}: the faiss index was built for another model or dimension "
+            raise UnusableIndex(f"{db}: the faiss index was built for another model or dimension "
                              f"({header['dim']}-d); run `metricsearch index rebuild --db {db}`")
         changes = store.log_since(txn, header["version"], version)
         if changes is None:
-            raise ValueError(f"{db}: the faiss file (write {header['version']}) is older than the change log "
+            raise UnusableIndex(f"{db}: the faiss file (write {header['version']}) is older than the change log "
                              f"reaches; run `metricsearch index rebuild --db {db}`")
         for name, value in header["params"].items():
             set_param(index, name, value)
@@ -101,7 +101,8 @@ class IndexState:
         self.version, self.selectors = version, {}
 
     def search(self, x: np.ndarray, k: int, label: str | None) -> SearchResults:
-        """The k nearest of each query, only `label` items when given, removed ids never."""
+        """The k nearest of each query (k at most the item count), only `label` items when given, removed ids never."""
+        k = min(k, max(1, len(self.catalog)))
         if label is None and not len(self.tombstones):  # the C++ call itself: x is a checked n x d float32 array
             scores, ids = np.empty((len(x), k), np.float32), np.empty((len(x), k), np.int64)
             self.search_index.search_c(len(x), faiss.swig_ptr(x), k, faiss.swig_ptr(scores), faiss.swig_ptr(ids))

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .faiss_files import index_bytes, load_index
+from .faiss_files import UnusableIndex, index_bytes, load_index
 from .faiss_index import describe, index_ids
 from .gallery import Gallery, file_sha256
 from .state import net_changes
-from .layout import Store
+from .layout import DamagedGallery, Store
 
 
 def gallery_info(db: str | Path, device: str = "auto") -> dict:
@@ -22,7 +22,7 @@ def gallery_info(db: str | Path, device: str = "auto") -> dict:
             state, model, count = store.meta(txn, "state"), store.meta(txn, "model") or {}, store.count(txn)
             job = store.meta(txn, "job")
         if state == "ready":
-            with Gallery(Path(db), Store.open(Path(db)), device=device) as gallery:
+            with Gallery.open(db, device=device) as gallery:
                 return {"state": state, **gallery.info()}
         return {"state": state or "empty", "db": str(db), "model": model.get("source"), "dim": model.get("dim"),
                 "count": count, "index_type": None, "search_params": {}, "last_job": job,
@@ -47,11 +47,23 @@ def verify_gallery(db: str | Path) -> dict:
     is the one the gallery was built with."""
     db = Path(db)
     problems, notes = [], []
-    store = Store.open(db)
     try:
+        store = Store.open(db)
+    except DamagedGallery as exc:
+        return {"ok": False, "problems": [str(exc)], "notes": [], "count": None, "faiss_count": None}
+    try:
+        garbage = store.damaged_pages()
+        if len(garbage):  # checked before LMDB walks them
+            return {"ok": False, "notes": [], "count": None, "faiss_count": None, "problems": [
+                f"{store.path / 'data.mdb'} is damaged: {len(garbage)} page(s) are not LMDB pages (e.g. page "
+                f"{', '.join(map(str, garbage[:5]))}); restore the gallery folder from a backup, or build it again"]}
         for _ in range(5):  # a writer may save a newer faiss file meanwhile: look again
-            with store.read() as txn:
-                report = _check(store, db, txn, problems, notes)
+            try:
+                with store.read() as txn:
+                    report = _check(store, db, txn, problems, notes)
+            except DamagedGallery as exc:
+                problems.append(str(exc))
+                report = {"count": None, "faiss_count": None}
             if report is not None:
                 break
             problems.clear()
@@ -86,7 +98,11 @@ def _check(store: Store, db: Path, txn, problems: list[str], notes: list[str]) -
     bad = sum(len(v) != width for v in txn.cursor(db=store.dbs["embeddings"]).iternext(keys=False))
     if bad:
         problems.append(f"{bad} embedding(s) are not {model['dim']}-d float32 vectors")
-    loaded = load_index(db)
+    try:
+        loaded = load_index(db)
+    except UnusableIndex as exc:
+        problems.append(str(exc))
+        return {"count": len(items), "faiss_count": None}
     if loaded is None:
         if state == "ready":
             problems.append(f"no faiss index in {db / 'index'}")

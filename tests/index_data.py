@@ -79,3 +79,10 @@ def job_state(db: Path) -> dict:
 def report(db: Path) -> dict:
     """DIR/report.json."""
     return json.loads((db / "report.json").read_text())
+
+
+def one_line(err: str) -> str:
+    """A command's stderr, asserted to be one line and no traceback."""
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
