@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import ipaddress
 import math
@@ -158,6 +160,7 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     # one OpenMP thread per search: requests run side by side (`concurrency`), and OpenMP teams
     # that wait for each other on a busy CPU made a one-query search many times slower
     faiss.omp_set_num_threads(1)
+    _return_large_buffers_to_the_system()
     gallery = Gallery.open(db)
     try:
         gallery.embedder  # noqa: B018 -- the model loads now, or the command stops now
@@ -190,6 +193,17 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
         finally:
             server.close()
     return server
+
+
+def _return_large_buffers_to_the_system(threshold: int = 1 << 20) -> None:
+    """Make glibc map every buffer over `threshold` bytes on its own, so that a large query's pixels go
+    back to the system when freed (by default glibc raises that threshold as it goes and keeps such
+    buffers in per-thread arenas: the server kept the peak of its largest queries for good)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD; also stops glibc from adjusting it
+    except (OSError, AttributeError):  # not glibc: its own allocator's policy stands
+        pass
 
 
 def _stop_on_sigterm() -> None:
