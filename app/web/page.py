@@ -110,7 +110,7 @@ class Server:
         close_upload_folder()
 
 
-def check_address(host: str, port: int) -> None:
+def _check_address(host: str, port: int) -> None:
     """ValueError or OSError, in one line, unless a server could listen on `host`:`port` now."""
     if not 1 <= port <= 65535:
         raise ValueError(f"--port must be between 1 and 65535, got {port}")
@@ -152,7 +152,7 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
                                ("login pause", login_pause, 1e-3)):
         if not (math.isfinite(value) and value >= least):
             raise ValueError(f"{name} must be a positive number, got {value:g}")
-    check_address(host, port)
+    _check_address(host, port)
     import faiss
 
     from metricsearch.index import Gallery
@@ -167,9 +167,9 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     except BaseException:
         gallery.close()
         raise
-    uploads = open_upload_folder()
-    handlers = SearchHandlers(gallery, max_pixels=int(max_pixels), uploads=uploads)
+    uploads, handlers = open_upload_folder(), None
     try:
+        handlers = SearchHandlers(gallery, max_pixels=int(max_pixels), uploads=uploads)
         page = build_page(handlers, concurrency=concurrency, examples=examples)
         page.queue(max_size=64 * concurrency)
         _, url, _ = page.launch(
@@ -178,7 +178,8 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
             theme=THEME, css=CSS, app_kwargs={"middleware": [
                 Middleware(LoginThrottle, failures=login_failures, pause=login_pause)]})
     except BaseException as exc:
-        handlers.close()
+        if handlers is not None:
+            handlers.close()
         gallery.close()
         close_upload_folder()
         if isinstance(exc, OSError) and "Cannot find empty port" in str(exc):
