@@ -24,6 +24,7 @@ from metricsearch.app.web.handlers import NOT_UPLOADED
 from conftest import _free_port
 
 TIMEOUT = 120  # a bound for a hung request, never a measure of speed
+pytestmark = pytest.mark.timeout(1800)
 
 
 class Served:
@@ -50,10 +51,17 @@ class Served:
         """(event, data) of one call: event is "complete" or "error"."""
         call = httpx.post(f"{self.url}gradio_api/call/{endpoint}", json={"data": [query, k, ""]}, timeout=TIMEOUT)
         call.raise_for_status()
-        text = httpx.get(f"{self.url}gradio_api/call/{endpoint}/{call.json()['event_id']}", timeout=TIMEOUT).text
-        events = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
-        data = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
-        return events[-1], data[-1]
+        deadline, event = time.monotonic() + TIMEOUT, ""  # heartbeats would keep a hung call's stream open
+        with httpx.stream("GET", f"{self.url}gradio_api/call/{endpoint}/{call.json()['event_id']}",
+                          timeout=TIMEOUT) as stream:
+            for line in stream.iter_lines():
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                elif line.startswith("data: ") and event in ("complete", "error"):
+                    return event, line.removeprefix("data: ")
+                if time.monotonic() > deadline:
+                    break
+        return "no answer", ""
 
     def search(self, data: bytes, k: int = 5, name: str = "query.png") -> tuple[str, str]:
         """Upload then search, as a client of the API does."""
@@ -72,7 +80,11 @@ class Served:
 
     def close(self) -> None:
         self.process.terminate()
-        self.process.wait(TIMEOUT)
+        try:
+            self.process.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:  # a worker stuck for good (the bug under test) holds it up
+            self.process.kill()
+            self.process.wait(TIMEOUT)
 
 
 @pytest.fixture(scope="module")
