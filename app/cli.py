@@ -157,7 +157,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     serve(args.db, args.host, args.port, auth=parse_auth(args.auth, args.auth_file),
           max_upload_mb=args.max_upload_mb, concurrency=args.concurrency,
-          max_pixels=int(args.max_megapixels * 1_000_000))
+          max_pixels=args.max_megapixels * 1_000_000)
     return 0
 
 

@@ -17,7 +17,8 @@ class Coalescer(Generic[Item, Result]):
     included, up to `max_batch`); callers that arrive meanwhile wait, and one of them runs the
     next call on all of them. So a lone request never waits for a timer, requests that arrive
     together share one inference call, and no caller serves other callers' batches for long.
-    An exception raised by `fn` goes to the callers of that call, and only to them.
+    When `fn` raises for a batch of several items, each item runs again alone: an exception goes
+    only to the caller whose item raises it, never to the others that shared its call.
     """
 
     def __init__(self, fn: Callable[[list[Item]], Sequence[Result]], max_batch: int = 32) -> None:
@@ -58,11 +59,16 @@ class Coalescer(Generic[Item, Result]):
             results = list(self._fn([item for item, _ in batch]))
             if len(results) != len(batch):
                 raise RuntimeError(f"batch function returned {len(results)} results for {len(batch)} items")
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
+            else:  # which item failed the call? each alone finds out
+                for one in batch:
+                    self._run([one])
+            return
         except BaseException as exc:  # every caller in the batch must be woken, whatever happened
             for _, future in batch:
                 future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
+            raise
         for (_, future), result in zip(batch, results):
             future.set_result(result)

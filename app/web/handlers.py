@@ -1,10 +1,11 @@
 """The search page's event handlers: plain methods over one open gallery, testable without a server.
 
 Each handler takes what a Gradio component sends (an upload, the image editor's value, a number,
-a label) and returns what the output components show. Queries are decoded by
-`metricsearch.data.load_image` (pixel limit, friendly reason). Thumbnails are the bytes in the
-gallery's LMDB, written once each into Gradio's own upload folder: no image's source path is ever
-served. Concurrent queries share one inference call.
+a label) and returns what the output components show. A query file is read only if it is a regular
+file in the page's upload folder; it is decoded by `metricsearch.data.load_image` and checked against
+the gallery's limits (pixels, smallest side) before it joins a shared inference call. Thumbnails are
+the bytes in the gallery's LMDB, written once each into the upload folder: no image's source path is
+ever served.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ import numpy as np
 from PIL import Image
 
 from metricsearch.app.web.batching import Coalescer
+from metricsearch.app.web.uploads import uploaded_file
 from metricsearch.data import UnreadableImageError, load_image
 
 #: the largest query accepted, in pixels (a 25-megapixel photo; larger uploads are refused)
 DEFAULT_QUERY_MAX_PIXELS = 25_000_000
+#: the one answer to a query file that was not uploaded to this page, whatever is at its path
+NOT_UPLOADED = "Cannot search with this file: only an image uploaded to this page can be searched."
 #: the label filter's value meaning "every label"
 ALL_LABELS = ""
 
@@ -73,17 +77,22 @@ class SearchHandlers:
     """The page's handlers over an open gallery (`search`, `thumbnail`, `info`, `labels`)."""
 
     def __init__(self, gallery: Any, *, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS, max_k: int = 50,
-                 max_batch: int = 32) -> None:
+                 max_batch: int = 32, uploads: str | Path | None = None) -> None:
         self.gallery = gallery
-        self.max_pixels = max_pixels
+        settings = getattr(gallery, "settings", {})
+        #: queries over the gallery's own pixel limit, or with a side under its minimum, are refused here
+        self.max_pixels = min(max_pixels, settings.get("max_pixels") or max_pixels)
+        self.min_side = int(settings.get("min_side") or 1)
         self.max_k = max_k
         self.labels = [str(label) for label in gallery.labels()]
         self._search = Coalescer(self._search_batch, max_batch)
-        #: where thumbnails are written, once each, from the LMDB: Gradio's own upload folder, which it
+        #: the only folder query files are read from (default: Gradio's upload folder, which `serve` makes its own)
+        self.uploads = Path(uploads or get_upload_folder())
+        self.uploads.mkdir(parents=True, exist_ok=True)  # Gradio makes it on the first upload; a fresh machine has none
+        self.uploads = self.uploads.resolve()
+        #: where thumbnails are written, once each, from the LMDB: in the upload folder, which Gradio
         #: serves anyway (a PIL image would be re-encoded and hashed on every answer instead)
-        uploads = Path(get_upload_folder())
-        uploads.mkdir(parents=True, exist_ok=True)  # Gradio makes it on the first upload; a fresh machine has none
-        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=uploads))
+        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=self.uploads))
         self._thumbnails: dict[int, Path] = {}
 
     # -- the work ------------------------------------------------------------------------------
@@ -114,18 +123,23 @@ class SearchHandlers:
         return path
 
     def decode(self, value: Any) -> Image.Image:
-        """The query image a component sent (path, FileData, editor value or PIL image), or gr.Error saying why not."""
-        if isinstance(value, Image.Image):
-            return load_image(value, max_pixels=self.max_pixels)
-        path, name = _file_of(value)
-        if not path:
+        """The query image a component sent (path, FileData, editor value or PIL image), or gr.Error saying why not.
+
+        A path is read only if it is a regular file in the upload folder (`NOT_UPLOADED` otherwise,
+        before anything is opened); the image must fit the gallery's limits, so that it cannot fail
+        the inference call that it shares with other queries."""
+        path, name = (None, "query image") if isinstance(value, Image.Image) else _file_of(value)
+        if path:
+            value = uploaded_file(path, self.uploads)
+            if value is None:
+                raise gr.Error(NOT_UPLOADED, print_exception=False)
+        elif not isinstance(value, Image.Image):
             raise gr.Error("No image to search: upload, paste or take a webcam shot (a file that the query box "
                            "cannot show is not an image it can read).", print_exception=False)
         try:
-            return load_image(Path(path), max_pixels=self.max_pixels)
+            return load_image(value, max_pixels=self.max_pixels, min_side=self.min_side, name=name)
         except UnreadableImageError as exc:
-            reason = str(exc).replace(path, name)
-            raise gr.Error(f"Cannot search with this file. {reason}", print_exception=False) from None
+            raise gr.Error(f"Cannot search with this file. {exc}", print_exception=False) from None
 
     def query(self, value: Any, k: Any = 10, label: Any = ALL_LABELS) -> Query:
         """A checked query from raw component values."""

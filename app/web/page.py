@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import ipaddress
+import math
 import os
 import signal
+import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +21,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline and privat
 import gradio as gr  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from fastapi.middleware import Middleware  # noqa: E402
+
 from metricsearch.app.web.handlers import ALL_LABELS, DEFAULT_QUERY_MAX_PIXELS, SearchHandlers  # noqa: E402
+from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, LoginThrottle  # noqa: E402
+from metricsearch.app.web.uploads import close_upload_folder, open_upload_folder  # noqa: E402
 
 #: system fonts only: the page makes no request to any other site
 THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
@@ -94,25 +104,55 @@ class Server:
     handlers: SearchHandlers
 
     def close(self) -> None:
-        """Stop the server and delete its thumbnail files (the gallery stays open)."""
+        """Stop the server and delete its thumbnail files and its upload folder (the gallery stays open)."""
         self.page.close()
         self.handlers.close()
+        close_upload_folder()
+
+
+def _check_address(host: str, port: int) -> None:
+    """ValueError or OSError, in one line, unless a server could listen on `host`:`port` now."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port must be between 1 and 65535, got {port}")
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        except (socket.gaierror, UnicodeError):
+            raise ValueError(f"--host {host} is not an address or a known host name") from None
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
+            raise OSError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass an address of "
+                          "this machine as --host") from None
 
 
 def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: list[tuple[str, str]] | None = None,
-          max_upload_mb: float = 10, concurrency: int = 4, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS,
-          examples: Sequence[Image.Image] = (), block: bool = True,
-          log: Callable[[str], None] = print) -> Server:
+          max_upload_mb: float = 10, concurrency: int = 4, max_pixels: float = DEFAULT_QUERY_MAX_PIXELS,
+          examples: Sequence[Image.Image] = (), block: bool = True, log: Callable[[str], None] = print,
+          login_failures: int = LOGIN_FAILURES, login_pause: float = LOGIN_PAUSE) -> Server:
     """Open the gallery in `db` once and serve the search page on http://HOST:PORT/ until Ctrl-C.
 
     Binds 127.0.0.1 unless `host` says otherwise; `auth` is a list of (user, password); uploads
     over `max_upload_mb` or `max_pixels` are refused; `concurrency` searches run at once (those
     that arrive together share an inference call). No file path is ever served: thumbnails come
-    from the gallery's LMDB. With `block=False` it returns the running Server at once.
+    from the gallery's LMDB, and queries are read only from the server's own upload folder (deleted
+    at exit). After `login_failures` failed logins from one address, its attempts wait out a pause
+    of `login_pause` seconds, doubled by each further failure. Bad arguments, an address it cannot
+    listen on, or a gallery whose model does not load: ValueError or OSError before anything starts.
+    With `block=False` it returns the running Server at once.
     """
-    for name, value in (("max upload MB", max_upload_mb), ("concurrency", concurrency), ("max pixels", max_pixels)):
-        if value <= 0:
-            raise ValueError(f"{name} must be positive, got {value}")
+    for name, value, least in (("--max-upload-mb", max_upload_mb, 1e-6), ("--concurrency", concurrency, 1),
+                               ("--max-megapixels", max_pixels / 1e6, 1e-6), ("login failures", login_failures, 1),
+                               ("login pause", login_pause, 1e-3)):
+        if not (math.isfinite(value) and value >= least):
+            raise ValueError(f"{name} must be a positive number, got {value:g}")
+    _check_address(host, port)
     import faiss
 
     from metricsearch.index import Gallery
@@ -120,17 +160,29 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     # one OpenMP thread per search: requests run side by side (`concurrency`), and OpenMP teams
     # that wait for each other on a busy CPU made a one-query search many times slower
     faiss.omp_set_num_threads(1)
-    handlers = SearchHandlers(Gallery.open(db), max_pixels=max_pixels)
-    page = build_page(handlers, concurrency=concurrency, examples=examples)
-    page.queue(max_size=64 * concurrency)
+    _return_large_buffers_to_the_system()
+    gallery = Gallery.open(db)
     try:
+        gallery.embedder  # noqa: B018 -- the model loads now, or the command stops now
+    except BaseException:
+        gallery.close()
+        raise
+    uploads, handlers = open_upload_folder(), None
+    try:
+        handlers = SearchHandlers(gallery, max_pixels=int(max_pixels), uploads=uploads)
+        page = build_page(handlers, concurrency=concurrency, examples=examples)
+        page.queue(max_size=64 * concurrency)
         _, url, _ = page.launch(
             server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
             prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
-            theme=THEME, css=CSS)
-    except OSError as exc:
-        handlers.close()
-        if "Cannot find empty port" in str(exc):
+            theme=THEME, css=CSS, app_kwargs={"middleware": [
+                Middleware(LoginThrottle, failures=login_failures, pause=login_pause)]})
+    except BaseException as exc:
+        if handlers is not None:
+            handlers.close()
+        gallery.close()
+        close_upload_folder()
+        if isinstance(exc, OSError) and "Cannot find empty port" in str(exc):
             raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
         raise
     server = Server(url, page, handlers)
@@ -142,6 +194,17 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
         finally:
             server.close()
     return server
+
+
+def _return_large_buffers_to_the_system(threshold: int = 1 << 20) -> None:
+    """Make glibc map every buffer over `threshold` bytes on its own, so that a large query's pixels go
+    back to the system when freed (by default glibc raises that threshold as it goes and keeps such
+    buffers in per-thread arenas: the server kept the peak of its largest queries for good)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD; also stops glibc from adjusting it
+    except (OSError, AttributeError):  # not glibc: its own allocator's policy stands
+        pass
 
 
 def _stop_on_sigterm() -> None:
