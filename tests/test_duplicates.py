@@ -21,7 +21,7 @@ GROCERY = SHARED / "data" / "grocery" / "dataset" / "test"
 EDITS = ("half", "jpeg30", "crop5", "bright")
 
 
-def pixel_correlation_onnx(path: Path, size: int = 16) -> Path:
+def pixel_correlation_onnx(path: Path, size: int = 12) -> Path:
     """An ONNX embedder of an image's centred, L2-normalised size x size RGB pixels: the cosine of two
     embeddings is their pixel correlation. An instance-level model: a class-trained one (the digits
     model) pulls every image of a class together, so it cannot tell a copy from a sibling."""
@@ -63,7 +63,7 @@ def edited(image: Image.Image, edit: str) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def planted_gallery(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """A gallery of one photo of each grocery class, with 4 edited copies each of 5 of them; and each
+    """A gallery of one photo of each grocery class, with 4 edited copies each of every fourth; and each
     file's name -> the photo it comes from."""
     if not GROCERY.is_dir():
         pytest.skip(f"{GROCERY} not found: the near-duplicate test needs ../shared/data/grocery")
@@ -76,7 +76,7 @@ def planted_gallery(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dic
         image = Image.open(photo).convert("RGB")
         image.save(root / folder.name / f"{n:03d}.png")
         source[f"{n:03d}.png"] = f"{n:03d}"
-        if n % 8 == 0:
+        if n % 4 == 0:
             for edit in EDITS:
                 edited(image, edit).save(root / folder.name / f"{n:03d}_{edit}.jpg", quality=95)
                 source[f"{n:03d}_{edit}.jpg"] = f"{n:03d}"
