@@ -14,7 +14,7 @@ from .gallery import Gallery
 
 #: default cosine threshold: edited copies of a photo score above it, distinct photos below (README)
 THRESHOLD = 0.95
-EXACT_MAX = 200_000  # up to this many vectors the range search is exact; above, IVF probes NPROBE lists
+EXACT_MAX = 50_000  # up to this many vectors the range search is exact (as `index build` picks flat); above, IVF
 NPROBE = 8
 BLOCK = 16_384  # queries per range search call (bounds the memory of its results)
 
@@ -44,7 +44,8 @@ def similar_pairs(vectors: np.ndarray, threshold: float = THRESHOLD) -> tuple[np
     n, dim = x.shape
     if n > EXACT_MAX:
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, ivf_lists(n), faiss.METRIC_INNER_PRODUCT)
-        index.train(x[np.random.default_rng(0).choice(n, size=min(n, 256 * index.nlist), replace=False)])
+        index.cp.niter = 10  # coarse cells only need to keep near-duplicates together
+        index.train(x[np.random.default_rng(0).choice(n, size=min(n, 32 * index.nlist), replace=False)])
         index.nprobe = NPROBE
     else:
         index = faiss.IndexFlatIP(dim)
