@@ -98,6 +98,11 @@ def class_table(ranking: Ranking, query_labels: np.ndarray, gallery_labels: np.n
     return classes, confusions
 
 
+def _short(label: str, most: int = 13) -> str:
+    """A label cut to its last characters (where Omniglot's and folder labels differ) to fit a caption."""
+    return label if len(label) <= most else ".." + label[-(most - 2):]
+
+
 def worst_queries(ranking: Ranking, query: ReportSet, gallery: ReportSet, names: Sequence[str], k: int = 8,
                   count: int = 12) -> Image.Image:
     """Rows of the `count` queries whose first correct hit ranks lowest (then lowest AP@R): the query (blue),
@@ -108,14 +113,14 @@ def worst_queries(ranking: Ranking, query: ReportSet, gallery: ReportSet, names:
     for j in order.tolist():
         qi, first = int(ranking.rows[j]), int(ranking.first[j])
         qlabel = int(query.labels[qi])
-        tiles = [Tile(query.load(qi), f"query {names[qlabel]}", BLUE)]
+        tiles = [Tile(query.load(qi), "query", BLUE)]
         for rank_, gi in enumerate(ranking.neighbours[j, :k].tolist(), start=1):
             glabel = int(gallery.labels[gi])
             colour = GREEN if rank_ == first else GREY if glabel == qlabel else RED
-            tiles.append(Tile(gallery.load(gi), f"#{rank_} {names[glabel] if glabel >= 0 else '-'}", colour))
+            tiles.append(Tile(gallery.load(gi), f"#{rank_} {_short(names[glabel]) if glabel >= 0 else '-'}", colour))
         if k < first <= ranking.neighbours.shape[1]:
             gi = int(ranking.neighbours[j, first - 1])
-            tiles.append(Tile(gallery.load(gi), f"#{first} {names[qlabel]}", GREEN))
+            tiles.append(Tile(gallery.load(gi), f"#{first} {_short(names[qlabel])}", GREEN))
         rows.append(tiles)
         titles.append(f"{names[qlabel]}: first correct at rank "
                       f"{first if first <= ranking.neighbours.shape[1] else '>' + str(first - 1)}")
