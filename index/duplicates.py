@@ -88,7 +88,8 @@ def find_duplicates(db: str | Path, threshold: float = THRESHOLD) -> list[dict]:
             ids, vectors = gallery.store.vectors(txn, catalog.ids)
     groups = []
     for rows, weakest in duplicate_groups(vectors, threshold):
-        items = [{"id": int(ids[r]), "label": catalog.label_of(r), "path": str(catalog.paths[r])} for r in rows.tolist()]
+        items = [{"id": int(ids[r]), "label": catalog.label_of(r), "path": str(catalog.paths[r])}
+                 for r in rows.tolist()]
         groups.append({"size": len(items), "min_similarity": round(weakest, 4), "items": items})
     return groups
 
