@@ -63,15 +63,16 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(args.one, args.threshold)))
         return
-    rows = [json.loads(subprocess.run([sys.executable, __file__, "--one", str(n), "--threshold", str(args.threshold)],
-                                      check=True, capture_output=True, text=True).stdout) for n in args.sizes]
     keys = ["n", "search", "seconds", "peak_rss_mb", "vectors_mb", "planted_found", "groups", "largest"]
-    table = "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-                      + ["| " + " | ".join(f"{r[k]:,}" if isinstance(r[k], int) else str(r[k]) for k in keys) + " |"
-                         for r in rows])
-    print(table)
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    print("\n".join(lines), flush=True)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "duplicates.md").write_text(table + "\n")
+    for n in args.sizes:  # each row printed and saved as it comes: a 1M run takes minutes on 2 cores
+        row = json.loads(subprocess.run([sys.executable, __file__, "--one", str(n), "--threshold", str(args.threshold)],
+                                        check=True, capture_output=True, text=True).stdout)
+        lines.append("| " + " | ".join(f"{row[k]:,}" if isinstance(row[k], int) else str(row[k]) for k in keys) + " |")
+        print(lines[-1], flush=True)
+        (RESULTS / "duplicates.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
