@@ -50,7 +50,7 @@ def similar_pairs(vectors: np.ndarray, threshold: float = THRESHOLD) -> tuple[np
     else:
         index = faiss.IndexFlatIP(dim)
     index.add(x)
-    found_a, found_b, found_s = [], [], []
+    found_a, found_b, found_s = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)]
     for start in range(0, n, BLOCK):
         lims, scores, rows = index.range_search(x[start:start + BLOCK], float(threshold))
         a = np.repeat(np.arange(start, start + len(lims) - 1), np.diff(lims.astype(np.int64)))
