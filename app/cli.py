@@ -12,6 +12,7 @@ from metricsearch.errors import MetricsearchError
 
 
 TRAIN_EXTRA_HINT = "needs the `train` extra (torch, torchvision, onnx): pip install 'metricsearch[train]'"
+REPORT_EXTRA_HINT = "--report needs the `report` extra (matplotlib, scikit-learn): pip install 'metricsearch[report]'"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -76,7 +77,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.db is not None:
         from metricsearch.index import evaluate_gallery
 
-        result = evaluate_gallery(args.db, recall_k=args.recall_k, with_nmi=not args.no_nmi, device=args.device)
+        result = evaluate_gallery(args.db, recall_k=args.recall_k, with_nmi=not args.no_nmi, device=args.device,
+                                  report=args.report)
     else:
         from metricsearch.evaluation import evaluate_model
         from metricsearch.models import open_embedder
@@ -86,12 +88,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
             recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
             one_shot_protocol=args.one_shot_protocol,
-            batch_size=args.batch_size, progress=not args.json,
+            batch_size=args.batch_size, progress=not args.json, report=args.report,
         )
     if args.json:
         print(json.dumps(result))
     else:
         print(format_metrics(result))
+    if args.report:
+        print(f"report: {args.report}/report.html", file=sys.stderr)
     return 0
 
 
@@ -238,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pixels-channels", type=int, default=1, choices=[1, 3], help="channels for --model pixels")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: recall_at_k, nmi, map_at_r, n_queries")
+    p.add_argument("--report", metavar="DIR", help="also write where the model fails into DIR: worst.png, classes.csv, "
+                   "classes.png, confusions.csv, map.png (t-SNE) and report.html (needs the `report` extra)")
 
     add_index_commands(sub, add)
     add("datasets", _cmd_datasets, "List the data set adapters and their spec strings.")
@@ -289,9 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ModuleNotFoundError as exc:
-        if exc.name not in ("torch", "torchvision", "onnx", "matplotlib"):
+        if exc.name not in ("torch", "torchvision", "onnx", "matplotlib", "sklearn"):
             raise
-        print(f"{prefix}: error: {prefix} {TRAIN_EXTRA_HINT}", file=sys.stderr)
+        hint = REPORT_EXTRA_HINT if getattr(args, "report", None) else TRAIN_EXTRA_HINT
+        print(f"{prefix}: error: {prefix} {hint}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:
         print(f"{prefix}: error: {exc}", file=sys.stderr)

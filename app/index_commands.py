@@ -100,6 +100,23 @@ def _rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duplicates(args: argparse.Namespace) -> int:
+    from metricsearch.index import draw_duplicates, find_duplicates
+
+    groups = find_duplicates(args.db, args.threshold)
+    if args.report:
+        print(f"report: {draw_duplicates(args.db, groups, args.report)}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(groups))
+        return 0
+    for n, group in enumerate(groups, start=1):
+        print(f"group {n}: {group['size']} items, lowest similarity {group['min_similarity']}")
+        for item in group["items"]:
+            print(f"  id {item['id']:<8} label {item['label']}  {item['path']}")
+    print(f"{len(groups)} group(s) of near-duplicates at cosine >= {args.threshold}")
+    return 0
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     """`metricsearch search`: the nearest gallery items of one query image."""
     from metricsearch.index import Gallery
@@ -178,6 +195,13 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     p = sub_add("verify", _verify, "Check that LMDB and faiss agree on ids and count and that the model matches its "
                 "stored fingerprint; exits 1 and says what disagrees otherwise.")
     p.add_argument("--json", action="store_true", help="print {ok, problems, notes, count, ...} as JSON")
+
+    p = sub_add("duplicates", _duplicates, "Groups of near-duplicate items (resized, re-encoded, cropped or lightly "
+                "edited copies): pairs at cosine similarity >= --threshold, joined transitively, largest group first.")
+    p.add_argument("--threshold", type=float, default=0.95, help="lowest cosine similarity of a duplicate pair")
+    p.add_argument("--json", action="store_true", help='print a JSON list of {"size", "min_similarity", "items": '
+                   '[{"id", "label", "path"}]}')
+    p.add_argument("--report", metavar="DIR", help="also draw each group's thumbnails into DIR/duplicates.png")
 
     p = add("search", cmd_search, "Search a gallery with one image: its nearest items, nearest first.")
     p.add_argument("--db", required=True, help="the gallery folder")

@@ -6,12 +6,14 @@
     rebuild_index(db, index=None)          build the faiss index again from the stored embeddings
     gallery_info(db) / verify_gallery(db)  what a gallery holds / whether LMDB, faiss and model agree
     evaluate_gallery(db)                   Recall@K, MAP@R, NMI of a labelled gallery through its index
+    find_duplicates(db, threshold)         groups of near-duplicate items (edited copies), largest first
     Gallery.open(db).search(images_or_vectors, k)   thread-safe search; also thumbnail, info, labels
 
 No torch and nothing from metricsearch.train is imported here.
 """
 
 from metricsearch.index.catalog import Hit, Hits, SearchResults
+from metricsearch.index.duplicates import draw_duplicates, find_duplicates
 from metricsearch.index.evaluate import evaluate_gallery
 from metricsearch.index.faiss_index import choose_index, select_device
 from metricsearch.index.gallery import Gallery
@@ -20,5 +22,5 @@ from metricsearch.index.pipeline import EmbedStep, ImageReader, ReadSettings
 from metricsearch.index.verify import gallery_info, verify_gallery
 
 __all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "SearchResults",
-           "add_images", "build_gallery", "choose_index", "evaluate_gallery", "gallery_info", "rebuild_index",
-           "remove_items", "select_device", "verify_gallery"]
+           "add_images", "build_gallery", "choose_index", "draw_duplicates", "evaluate_gallery", "find_duplicates",
+           "gallery_info", "rebuild_index", "remove_items", "select_device", "verify_gallery"]
