@@ -23,6 +23,7 @@ from PIL import Image  # noqa: E402
 
 from fastapi.middleware import Middleware  # noqa: E402
 
+from metricsearch.app.web.api import mount_api  # noqa: E402
 from metricsearch.app.web.handlers import ALL_LABELS, DEFAULT_QUERY_MAX_PIXELS, SearchHandlers  # noqa: E402
 from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, LoginThrottle  # noqa: E402
 from metricsearch.app.web.uploads import close_upload_folder, open_upload_folder  # noqa: E402
@@ -136,7 +137,8 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
           max_upload_mb: float = 10, concurrency: int = 4, max_pixels: float = DEFAULT_QUERY_MAX_PIXELS,
           examples: Sequence[Image.Image] = (), block: bool = True, log: Callable[[str], None] = print,
           login_failures: int = LOGIN_FAILURES, login_pause: float = LOGIN_PAUSE) -> Server:
-    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/ until Ctrl-C.
+    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/, and its JSON API
+    under /api/ (api.py), until Ctrl-C.
 
     Binds 127.0.0.1 unless `host` says otherwise; `auth` is a list of (user, password); uploads
     over `max_upload_mb` or `max_pixels` are refused; `concurrency` searches run at once (those
@@ -177,6 +179,8 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
             prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
             theme=THEME, css=CSS, app_kwargs={"middleware": [
                 Middleware(LoginThrottle, failures=login_failures, pause=login_pause)]})
+        mount_api(page.server_app, handlers, max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+                  concurrency=concurrency)
     except BaseException as exc:
         if handlers is not None:
             handlers.close()
