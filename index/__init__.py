@@ -14,7 +14,7 @@ No torch and nothing from metricsearch.train is imported here.
 
 from metricsearch.index.catalog import Hit, Hits, SearchResults
 from metricsearch.index.duplicates import draw_duplicates, find_duplicates
-from metricsearch.index.evaluate import evaluate_gallery
+from metricsearch.index.evaluate import evaluate_gallery, labelled_items
 from metricsearch.index.faiss_index import choose_index, select_device
 from metricsearch.index.gallery import Gallery
 from metricsearch.index.jobs import JobSummary, add_images, build_gallery, rebuild_index, remove_items
@@ -22,5 +22,5 @@ from metricsearch.index.pipeline import EmbedStep, ImageReader, ReadSettings
 from metricsearch.index.verify import gallery_info, verify_gallery
 
 __all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "SearchResults",
-           "add_images", "build_gallery", "choose_index", "draw_duplicates", "evaluate_gallery", "find_duplicates",
+           "add_images", "build_gallery", "choose_index", "draw_duplicates", "evaluate_gallery", "find_duplicates", "labelled_items",
            "gallery_info", "rebuild_index", "remove_items", "select_device", "verify_gallery"]

@@ -29,6 +29,8 @@ from PIL import Image
 from metricsearch.app.web.batching import Coalescer
 from metricsearch.app.web.uploads import uploaded_file
 from metricsearch.data import UnreadableImageError, load_image
+from metricsearch.evaluation.report import class_table, rank, worst_queries
+from metricsearch.index import labelled_items
 
 #: the largest query accepted, in pixels (a 25-megapixel photo; larger uploads are refused)
 DEFAULT_QUERY_MAX_PIXELS = 25_000_000
@@ -36,6 +38,10 @@ DEFAULT_QUERY_MAX_PIXELS = 25_000_000
 NOT_UPLOADED = "Cannot search with this file: only an image uploaded to this page can be searched."
 #: the label filter's value meaning "every label"
 ALL_LABELS = ""
+#: labelled items that the Evaluate tab ranks at most (a random sample of larger galleries)
+EVALUATE_ITEMS = 10_000
+#: the Evaluate tab's class table: its columns (evaluation.report's class rows)
+CLASS_COLUMNS = ("label", "queries", "recall_at_1", "map_at_r", "most_confused_with")
 
 #: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
 ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
@@ -94,6 +100,8 @@ class SearchHandlers:
         #: serves anyway (a PIL image would be re-encoded and hashed on every answer instead)
         self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=self.uploads))
         self._thumbnails: dict[int, Path] = {}
+        self._evaluation: tuple[Image.Image, list[list[Any]]] | None = None
+        self._evaluation_lock = threading.Lock()
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -186,6 +194,21 @@ class SearchHandlers:
             raise gr.Error("That result is gone: search again.", print_exception=False)
         path = str(self.thumbnail(int(hits[int(evt.index)]["id"])))
         return (path, *self.search(path, k, label))
+
+    def evaluation(self) -> tuple[Image.Image, list[list[Any]]]:
+        """The Evaluate tab (computed once): the worst queries of the served gallery, each labelled item
+        querying the others, and the per-class table (`CLASS_COLUMNS`), worst Recall@1 first."""
+        with self._evaluation_lock:
+            if self._evaluation is None:
+                items, names = labelled_items(self.gallery, EVALUATE_ITEMS)
+                try:
+                    ranking = rank(items)
+                except ValueError as exc:
+                    raise gr.Error(f"Cannot evaluate this gallery: {exc}.", print_exception=False) from None
+                classes, _ = class_table(ranking, items.labels, items.labels, names)
+                self._evaluation = (worst_queries(ranking, items, items, names),
+                                    [[row[c] for c in CLASS_COLUMNS] for row in classes])
+        return self._evaluation
 
     def about(self) -> str:
         """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
