@@ -169,11 +169,13 @@ def format_comparison(metrics: dict[str, dict[str, Any]]) -> str:
     trained, pixels = metrics["trained"], metrics["pixels"]
     rows = [(f"Recall@{k}", v, pixels["recall_at_k"][k]) for k, v in trained["recall_at_k"].items()]
     rows += [("NMI", trained["nmi"], pixels["nmi"]), ("MAP@R", trained["map_at_r"], pixels["map_at_r"])]
-    rows += [(f"{key.split('_')[2]} one-shot error ({value['episodes']} episodes, lower is better)",
-              value["error"], pixels[key]["error"]) for key, value in trained.items() if key.startswith("one_shot")]
+    rows += [(f"{key.split('_')[2].removesuffix('way')}-way one-shot error, {' '.join(key.split('_')[3:])} "
+              "(lower is better)", value["error"], pixels[key]["error"])
+             for key, value in trained.items() if key.startswith("one_shot")]
+    width = max(len(name) for name, _, _ in rows)
     lines = [f"evaluation on the {trained['n_queries']} test images (classes held out of training; each image "
-             "queries the others):", f"  {'':<44} {'trained':>8} {'pixels':>8}"]
-    lines += [f"  {name:<44} {t:>8.4f} {p:>8.4f}" for name, t, p in rows]
+             "queries the others):", f"  {'':<{width}} {'trained':>8} {'pixels':>8}"]
+    lines += [f"  {name:<{width}} {t:>8.4f} {p:>8.4f}" for name, t, p in rows]
     return "\n".join(lines)
 
 
