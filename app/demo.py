@@ -143,9 +143,9 @@ def _exported_checkpoint(run_dir: Path) -> tuple[Path, str]:
     if not evaluated or not (run_dir / "best.pt").is_file():
         return run_dir / "last.pt", f"the last epoch ({len(rows)}); no epoch was evaluated on the held-out classes"
     best = max(evaluated, key=lambda row: row["recall_at_k"]["1"])  # the first of equals, as the trainer keeps
-    last = " (also the last epoch)" if best["epoch"] == len(rows) else f"; last.pt is epoch {len(rows)}"
-    return run_dir / "best.pt", (f"epoch {best['epoch']} of {len(rows)}{last}, the evaluated epoch with the best "
-                                 f"Recall@1 on the held-out classes ({best['recall_at_k']['1']:.4f})")
+    last = "; it is also the last epoch" if best["epoch"] == len(rows) else f"; last.pt holds the last, {len(rows)}"
+    return run_dir / "best.pt", (f"epoch {best['epoch']} of {len(rows)}, the evaluated epoch with the best Recall@1 "
+                                 f"on the held-out classes ({best['recall_at_k']['1']:.4f}){last}")
 
 
 def compare_with_pixels(dataset: str, model: Path) -> dict[str, dict[str, Any]]:
@@ -169,9 +169,10 @@ def format_comparison(metrics: dict[str, dict[str, Any]]) -> str:
     trained, pixels = metrics["trained"], metrics["pixels"]
     rows = [(f"Recall@{k}", v, pixels["recall_at_k"][k]) for k, v in trained["recall_at_k"].items()]
     rows += [("NMI", trained["nmi"], pixels["nmi"]), ("MAP@R", trained["map_at_r"], pixels["map_at_r"])]
-    rows += [(f"{key.split('_')[2].removesuffix('way')}-way one-shot error, {' '.join(key.split('_')[3:])} "
-              "(lower is better)", value["error"], pixels[key]["error"])
-             for key, value in trained.items() if key.startswith("one_shot")]
+    one_shot = f"one_shot_{ONE_SHOT_WAYS}way_{ONE_SHOT_PROTOCOL}"
+    if one_shot in trained:
+        rows.append((f"{ONE_SHOT_WAYS}-way one-shot error, {ONE_SHOT_PROTOCOL.replace('_', ' ')} (lower is better)",
+                     trained[one_shot]["error"], pixels[one_shot]["error"]))
     width = max(len(name) for name, _, _ in rows)
     lines = [f"evaluation on the {trained['n_queries']} test images (classes held out of training; each image "
              "queries the others):", f"  {'':<{width}} {'trained':>8} {'pixels':>8}"]
