@@ -104,7 +104,9 @@ def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch
         resume = (run_dir / "last.pt").is_file()  # a run cut short goes on where it stopped
         result = train(demo_config(dataset, workdir), resume=resume, overwrite=not resume, progress=True)
         state.finish("train", {"best_recall_at_1": result.best_recall_at_1, "epochs": result.epochs})
-    if not reuse(2, "export", state.done("export", model), f"the model {model} {again}"):
+    exported = state.done("export", model)
+    source = f", exported from {exported['checkpoint']}," if exported and "checkpoint" in exported else ""
+    if not reuse(2, "export", exported, f"the model {model}{source} {again}"):
         from metricsearch.train import export_onnx
 
         checkpoint, why = _exported_checkpoint(run_dir)
