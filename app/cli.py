@@ -276,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", _cmd_demo, "The whole chain, offline: train, export to ONNX, index the test classes, "
             "print the evaluation and a sample search, then serve the page. A second run reuses what is there.")
-    p.add_argument("--dataset", default="digits", help="data set spec (e.g. omniglot:../shared/data/omniglot)")
+    p.add_argument("--dataset", default="omniglot", help="data set spec: omniglot (embedded, the default), digits, "
+                   "omniglot:PATH, ...")
     p.add_argument("--workdir", default="metricsearch-demo", help="folder for the run, model and gallery")
     p.add_argument("--no-serve", action="store_true", help="stop after the printout (for CI and scripts)")
     _add_address(p)

@@ -13,6 +13,8 @@ from .base import RECALL_K_SMALL, DataSplit, split_by_class
 from .images import UNREADABLE_ERRORS
 from .scan import class_folders, is_image_name, keep_readable, list_images, warn_unreadable
 
+#: the two minimal background sets shipped in the package (MIT licence beside them): the spec `omniglot`
+EMBEDDED = Path(__file__).with_name("omniglot_small")
 BACKGROUND = ("images_background", "images_background_small1", "images_background_small2")
 EVALUATION = ("images_evaluation",)
 
