@@ -1,5 +1,6 @@
 """Gallery indexing and search with an exported ONNX embedder: LMDB storage, a faiss index beside it.
 
+    build_index(vectors, target_recall=0.95)   the fastest faiss index of an array meeting a recall target, + report
     build_gallery(model, images, db)       index a data set spec into a new gallery folder (resumable)
     add_images(db, images)                 add images to a gallery
     remove_items(db, ids=... | label=...)  remove items
@@ -11,6 +12,7 @@
 No torch and nothing from metricsearch.train is imported here.
 """
 
+from metricsearch.index.autoindex import build_index
 from metricsearch.index.catalog import Hit, Hits, SearchResults
 from metricsearch.index.evaluate import evaluate_gallery
 from metricsearch.index.faiss_index import choose_index, select_device
@@ -20,5 +22,5 @@ from metricsearch.index.pipeline import EmbedStep, ImageReader, ReadSettings
 from metricsearch.index.verify import gallery_info, verify_gallery
 
 __all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "SearchResults",
-           "add_images", "build_gallery", "choose_index", "evaluate_gallery", "gallery_info", "rebuild_index",
+           "add_images", "build_gallery", "build_index", "choose_index", "evaluate_gallery", "gallery_info", "rebuild_index",
            "remove_items", "select_device", "verify_gallery"]
