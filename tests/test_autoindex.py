@@ -36,7 +36,7 @@ def test_a_tiny_gallery_gets_exact_search() -> None:
     index, report = build_index(x)
     assert report["factory"] == "IDMap,Flat" and describe(index)["exact"] and index.ntotal == 1_500
     assert [c["factory"] for c in report["candidates"]] == ["IDMap,Flat"] and report["recall_at_10"] == 1.0
-    assert report["sample"] is None and report["kind"] == "flat"
+    assert report["sample"] is None and report["kind"] == "flat" and "exact search, the only candidate" in report["reason"]
 
 
 @pytest.mark.parametrize("target", [0.95, 0.99])
