@@ -24,7 +24,7 @@ import faiss
 import numpy as np
 
 from metricsearch.index import build_index
-from metricsearch.index.autoindex import candidates, growth, index_bytes_at, ms_per_query
+from metricsearch.index.autoindex import candidates, growth, index_bytes_at
 from metricsearch.index.faiss_index import build_index as build_factory, ivf_lists, recall_without_self, set_param, tune
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -36,42 +36,69 @@ SWEEP = {"IDMap,HNSW32": ("efSearch", [10, 16, 24, 32, 48, 64, 96, 128, 192, 256
          "IVF,Flat": ("nprobe", [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])}
 
 
-def measure(index: faiss.Index, queries: np.ndarray, exact: np.ndarray, n: int) -> dict:
-    """recall@10 against exact on the queries, QPS at batch 256 (median call), p50 ms at batch 1, memory."""
-    found = index.search(queries, K)[1]
-    return {"recall_at_10": recall_without_self(found, exact, np.full(len(queries), -1), K),
-            "qps_256": 1e3 / ms_per_query(index, queries, 256, 8, seconds=4.0),
-            "p50_ms_1": ms_per_query(index, queries, 1, 300, seconds=4.0),
-            "memory_mb": index_bytes_at(index, n) / 1e6}
+def recall(index: faiss.Index, queries: np.ndarray, exact: np.ndarray) -> float:
+    """recall@10 of an index against exact search on new queries."""
+    return recall_without_self(index.search(queries, K)[1], exact, np.full(len(queries), -1), K)
 
 
-def run_autofaiss(vectors: np.ndarray, queries: np.ndarray, exact: np.ndarray, budget_ms: float | None) -> dict | None:
-    """autofaiss.build_index with its defaults (budget None) or with k=10 and `budget_ms` per query."""
+def timed_in_turn(entries: list[dict], queries: np.ndarray, rounds_256: int = 6, rounds_1: int = 150) -> None:
+    """QPS at batch 256 and p50 ms at batch 1 of every (index, setting), median call, all taking turns
+    call by call (which goes first rotates), so that all see the same load on this shared machine."""
+    for batch, rounds, key in ((256, rounds_256, "qps_256"), (1, rounds_1, "p50_ms_1")):
+        times: list[list[float]] = [[] for _ in entries]
+        for r in range(rounds + 1):
+            x = np.ascontiguousarray(np.take(queries, np.arange(r * batch, (r + 1) * batch) % len(queries), axis=0))
+            for i in [*range(r % len(entries), len(entries)), *range(r % len(entries))]:
+                e = entries[i]
+                if e.get("param"):
+                    set_param(e["object"], e["param"], e["value"])
+                start = time.perf_counter()
+                e["object"].search(x, K)
+                times[i].append(time.perf_counter() - start)
+        for e, t in zip(entries, times):
+            median = float(np.median(t[1:]))
+            e[key] = batch / median if batch > 1 else 1e3 * median
+
+
+def run_autofaiss(vectors: np.ndarray, budget_ms: float) -> tuple[dict | None, dict | None]:
+    """autofaiss.build_index with its defaults, and the same index tuned again by autofaiss.tune_index
+    with k=10 and `budget_ms` per query (what build_index with those arguments does after building)."""
     try:
         import autofaiss
     except ImportError as exc:
         print(f"autofaiss rows skipped: it is not importable ({exc}); see this file's docstring", file=sys.stderr)
-        return None
-    args = {} if budget_ms is None else {"max_index_query_time_ms": budget_ms, "min_nearest_neighbors_to_retrieve": K}
+        return None, None
     start = time.perf_counter()
-    index, infos = autofaiss.build_index(vectors, save_on_disk=False, metric_type="ip", verbose=logging.WARNING,
-                                         current_memory_available="16G", **args)
+    index, infos = autofaiss.build_index(vectors, save_on_disk=False, metric_type="ip", verbose=logging.WARNING)
     build_s = time.perf_counter() - start
+    defaults = {"index": infos["index_key"], "params": infos["index_param"], "build_s": build_s, "object": index,
+                "memory_mb": index_bytes_at(index, len(vectors)) / 1e6}
+    start = time.perf_counter()
+    again = autofaiss.tune_index(faiss.clone_index(index), infos["index_key"], save_on_disk=False, verbose=logging.WARNING,
+                                 min_nearest_neighbors_to_retrieve=K, max_index_query_time_ms=budget_ms)
+    tune_s = time.perf_counter() - start
+    inner = faiss.downcast_index(again)
+    param = f"efSearch={inner.hnsw.efSearch}" if isinstance(inner, faiss.IndexHNSW) else "(autofaiss's)"
+    budget = {"index": infos["index_key"], "params": param, "build_s": build_s + tune_s, "object": again,
+              "memory_mb": defaults["memory_mb"], "note": f"build shared with the defaults' run, tuning {tune_s:.0f} s"}
     faiss.omp_set_num_threads(os.cpu_count())  # autofaiss may leave it changed
-    return {"index": infos.get("index_key"), "params": infos.get("index_param"), "build_s": build_s,
-            **measure(index, queries, exact, len(vectors))}
+    return defaults, budget
 
 
-def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndarray) -> dict:
-    """One index, built once, measured at every value of its search parameter."""
+def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndarray, auto: dict) -> dict:
+    """One index, built once (`auto`'s when it is the same structure), its recall at each value of its
+    search parameter up to recall 0.995."""
     n = len(vectors)
     factory = factory.replace("IVF,", f"IVF{ivf_lists(n)},")
     start = time.perf_counter()
-    index, rows = build_factory(vectors, np.arange(n, dtype=np.int64), factory)
-    build_s = time.perf_counter() - start
+    if factory == auto["index"]:
+        index, rows, build_s = auto["object"], None, auto["report"]["final_build_s"] or auto["build_s"]
+    else:
+        index, rows = build_factory(vectors, np.arange(n, dtype=np.int64), factory)
+        build_s = time.perf_counter() - start
     name, values = SWEEP[factory if factory.startswith("IDMap") else "IVF,Flat"]
     tune_s = None
-    if name == "nprobe":  # IVF-Flat with these lists was the `auto` choice before: its build + tune, for the cost
+    if name == "nprobe" and rows is not None:  # IVF-Flat with these lists was the `auto` choice before: its build + tune, for the cost
         start = time.perf_counter()
         tune(index, vectors, np.arange(n, dtype=np.int64), np.setdiff1d(np.arange(n), rows))
         tune_s = time.perf_counter() - start
@@ -80,10 +107,11 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndar
         if name == "nprobe" and value > faiss.extract_index_ivf(index).nlist:
             break
         set_param(index, name, value)
-        points.append({"value": value, **measure(index, queries, exact, n)})
+        points.append({"value": value, "recall_at_10": recall(index, queries, exact), "object": index, "param": name})
         if points[-1]["recall_at_10"] > 0.995:
             break
-    return {"index": factory, "param": name, "build_s": build_s, "tune_s": tune_s, "points": points}
+    return {"index": factory, "param": name, "build_s": build_s, "tune_s": tune_s, "memory_mb": index_bytes_at(index, n) / 1e6,
+            "points": points}
 
 
 def bench(n: int) -> dict:
@@ -94,28 +122,37 @@ def bench(n: int) -> dict:
     start = time.perf_counter()
     index, report = build_index(vectors)
     out["auto"] = {"index": report["factory"], "params": report["params"], "build_s": time.perf_counter() - start,
-                   "report": report, **measure(index, queries, exact, n)}
-    del index
-    print(json.dumps({"n": n, "auto": {k: v for k, v in out["auto"].items() if k != "report"}}), flush=True)
-    out["sweeps"] = [sweep(f, vectors, queries, exact) for f in SWEEP]
-    print(json.dumps({"n": n, "sweeps": out["sweeps"]}), flush=True)
-    out["autofaiss_defaults"] = run_autofaiss(vectors, queries, exact, None)
-    out["autofaiss_budget"] = run_autofaiss(vectors, queries, exact, 1e3 / out["auto"]["qps_256"])
+                   "report": report, "object": index, "memory_mb": index_bytes_at(index, n) / 1e6}
+    print(json.dumps({"n": n, "auto": {k: v for k, v in out["auto"].items() if k not in ("report", "object")}}), flush=True)
+    (name, value), = report["params"].items() or [(None, None)]
+    out["auto"].update(param=name, value=value)  # set again before each timed call: a sweep may share the index
+    out["sweeps"] = [sweep(f, vectors, queries, exact, out["auto"]) for f in SWEEP]
+    # autofaiss's budget: our per-query time at batch 256
+    out["autofaiss_defaults"], out["autofaiss_budget"] = run_autofaiss(vectors, report["ms_batch_256"])
+    entries = [e for e in (out["auto"], out["autofaiss_defaults"], out["autofaiss_budget"]) if e]
+    for e in entries:
+        if e.get("param"):
+            set_param(e["object"], e["param"], e["value"])
+        e["recall_at_10"] = recall(e["object"], queries, exact)
+    points = [p for s in out["sweeps"] for p in s["points"] if p["recall_at_10"] >= 0.9]
+    timed_in_turn(entries + points, queries)
+    for e in entries + [p for s in out["sweeps"] for p in s["points"]]:
+        e.pop("object")
     out["load_after"] = os.getloadavg()
-    print(json.dumps({k: out[k] for k in ("autofaiss_defaults", "autofaiss_budget", "load_after")}), flush=True)
+    print(json.dumps({k: v for k, v in out.items() if k != "auto"}, default=float), flush=True)
     return out
 
 
 def best_swept(result: dict, recall: float) -> dict | None:
     """The fastest swept point (any structure) at recall@10 >= `recall`."""
-    points = [{"index": s["index"], "param": s["param"], **p} for s in result["sweeps"] for p in s["points"]
-              if p["recall_at_10"] >= recall]
+    points = [{"index": s["index"], **p} for s in result["sweeps"] for p in s["points"]
+              if p["recall_at_10"] >= recall and "qps_256" in p]
     return max(points, key=lambda p: p["qps_256"]) if points else None
 
 
 def first_at(sweep_: dict, recall: float) -> dict | None:
     """A sweep's smallest setting reaching `recall`."""
-    return next((p for p in sweep_["points"] if p["recall_at_10"] >= recall), None)
+    return next((p for p in sweep_["points"] if p["recall_at_10"] >= recall and "qps_256" in p), None)
 
 
 def table(results: list[dict]) -> str:
@@ -133,9 +170,9 @@ def table(results: list[dict]) -> str:
                          f"{m['recall_at_10']:.3f} | {m['qps_256']:,.0f} | {m['p50_ms_1']:.3f} | {m['memory_mb']:.0f} |")
         for s in r["sweeps"]:
             for p in s["points"]:
-                if p["recall_at_10"] >= 0.9:
+                if "qps_256" in p:
                     lines.append(f"| {r['n']:,} | swept | {s['index']} | {s['param']}={p['value']} | {s['build_s']:.0f} (build) | "
-                                 f"{p['recall_at_10']:.3f} | {p['qps_256']:,.0f} | {p['p50_ms_1']:.3f} | {p['memory_mb']:.0f} |")
+                                 f"{p['recall_at_10']:.3f} | {p['qps_256']:,.0f} | {p['p50_ms_1']:.3f} | {s['memory_mb']:.0f} |")
     lines += ["", "| N | our recall@10 | best swept at equal or better recall | our QPS / its QPS | "
               "our QPS / autofaiss defaults' (its recall) | load (1-min avg) before / after |", "|---:|---:|---|---:|---:|---|"]
     for r in results:
@@ -151,7 +188,7 @@ def table(results: list[dict]) -> str:
               "before (IVF-Flat by rule): build + tune (s) | total / before |", "|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         report, ivf = r["auto"]["report"], next(s for s in r["sweeps"] if s["param"] == "nprobe")
-        before = ivf["build_s"] + ivf["tune_s"]
+        before = ivf["build_s"] + (ivf["tune_s"] or report.get("tune_s", 0))
         lines.append(f"| {r['n']:,} | {report['choice_s']:.0f} | {report['final_build_s']:.0f} | {r['auto']['build_s']:.0f} | "
                      f"{before:.0f} | {r['auto']['build_s'] / before:.1f}x |")
     lines += ["", "Prediction from the sample (`auto` at N > 100,000 compares candidates on 100,000 vectors): "
@@ -174,9 +211,15 @@ def table(results: list[dict]) -> str:
                          f"({c['recall_at_10_lower']:.3f}) | {c['predicted_ms_batch_256'] * 1e3:.1f} | {measured} |")
     ten = candidates(10_000_000, 128, memory=2**40)
     lines += ["", f"10,000,000: not run (an HNSW32 build alone would take hours on 2 cores). The candidates would be "
-              f"{', '.join(c.factory for c in ten)}; from the 1M sample, HNSW's time per query would grow "
-              f"{growth('hnsw', 1_000_000, 10_000_000):.2f}x and IVF's {growth('ivf', 1_000_000, 10_000_000):.0f}x "
-              "at the same share of lists probed (extrapolated, not measured)."]
+              f"{', '.join(c.factory for c in ten)}; HNSW's time per query grows {growth('hnsw', 1_000_000, 10_000_000):.2f}x "
+              f"from 1M and IVF's {growth('ivf', 1_000_000, 10_000_000):.0f}x at the same share of lists probed."]
+    big = [r for r in results if r["n"] == 1_000_000]
+    if big:
+        a = big[0]["auto"]
+        family = "hnsw" if "HNSW" in a["index"] and not a["index"].startswith("IVF") else "ivf"
+        lines[-1] += (f" Extrapolated from the 1M run, not measured: `auto`'s {a['index']} at 10M would serve about "
+                      f"{a['qps_256'] / growth(family, 1_000_000, 10_000_000):,.0f} QPS at batch 256 in about "
+                      f"{a['memory_mb'] * 10 / 1e3:.1f} GB (float32 fits in this machine's 23 GB).")
     return "\n".join(lines)
 
 

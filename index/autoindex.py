@@ -31,7 +31,7 @@ EXACT_ONLY = 2_000  # up to this many vectors exact search is the only candidate
 FLAT_CANDIDATE_MAX = 50_000  # exact search is a candidate up to this many vectors
 HNSW_M = (16, 32)  # HNSW graph degrees tried
 HNSW_QUANTIZER_MIN = 4_000_000  # from here on IVF with an HNSW coarse quantizer is a candidate
-TIMED_BATCHES = 8  # batches of 256 queries timed per candidate (the median counts)
+TIMED_BATCHES = 10  # batches of 256 queries timed per candidate (the median counts)
 TIMED_SINGLE = 200  # single queries timed per candidate (the median counts)
 TIMING_S = 1.0  # ...or fewer (3 at least) where they take longer than this
 
@@ -83,19 +83,22 @@ def growth(family: str, sample: int, n: int) -> float:
     return n / sample if family != "hnsw" else math.log(n) / math.log(max(sample, 2))
 
 
-def ms_per_query(index: faiss.Index, queries: np.ndarray, batch: int, calls: int, k: int = TUNE_K,
-                 seconds: float = TIMING_S) -> float:
-    """Median milliseconds per query of `calls` searches of `batch` queries each (after one warm-up),
-    fewer (3 at least) where they take more than `seconds` in all."""
-    times: list[float] = []
+def ms_per_query(indexes: list[faiss.Index], queries: np.ndarray, batch: int, calls: int, k: int = TUNE_K,
+                 seconds: float = TIMING_S) -> list[float]:
+    """Median milliseconds per query of each index over `calls` searches of `batch` queries (after one
+    warm-up), fewer (3 at least) where they take more than `seconds` an index; the indexes take turns
+    call by call (which goes first rotates), so that all see the same load on a shared machine."""
+    times: list[list[float]] = [[] for _ in indexes]
+    order = list(range(len(indexes)))
     for c in range(calls + 1):
         x = np.ascontiguousarray(np.take(queries, np.arange(c * batch, (c + 1) * batch) % len(queries), axis=0))
-        start = time.perf_counter()
-        index.search(x, k + 1)
-        times.append(time.perf_counter() - start)
-        if len(times) > 3 and sum(times) > seconds:
+        for i in order[c % len(order):] + order[:c % len(order)]:
+            start = time.perf_counter()
+            indexes[i].search(x, k + 1)
+            times[i].append(time.perf_counter() - start)
+        if c >= 3 and sum(map(sum, times)) > seconds * len(indexes):
             break
-    return 1e3 * float(np.median(times[1:])) / batch
+    return [1e3 * float(np.median(t[1:])) / batch for t in times]
 
 
 def index_bytes_at(index: faiss.Index, n: int) -> int:
@@ -105,14 +108,19 @@ def index_bytes_at(index: faiss.Index, n: int) -> int:
     return memory_bytes(index, n) + links
 
 
-def _measure(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, truth, target: float) -> dict:
-    """Tune an index to the target on the queries of `truth` and time it at batch 1 and 256."""
+def _tuned(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, truth, target: float) -> dict:
+    """Tune an index to the target on the queries of `truth`: its setting and recall."""
     tuning = tune(index, vectors, ids, target=target, truth=truth)
     lower = tuning.get("recall_at_10_lower", tuning["recall_at_10"])
     return {"params": tuning["params"], "recall_at_10": tuning["recall_at_10"], "recall_at_10_lower": lower,
-            "meets_target": lower >= target, "queries": len(truth.rows),
-            "ms_batch_1": round(ms_per_query(index, truth.queries, 1, TIMED_SINGLE), 5),
-            "ms_batch_256": round(ms_per_query(index, truth.queries, 256, TIMED_BATCHES), 5)}
+            "meets_target": lower >= target, "queries": len(truth.rows)}
+
+
+def _timed(indexes: list[faiss.Index], queries: np.ndarray) -> list[dict]:
+    """Each index's milliseconds per query at batch 1 and 256, the indexes timed in turn."""
+    single = ms_per_query(indexes, queries, 1, TIMED_SINGLE)
+    batched = ms_per_query(indexes, queries, 256, TIMED_BATCHES)
+    return [{"ms_batch_1": round(a, 5), "ms_batch_256": round(b, 5)} for a, b in zip(single, batched)]
 
 
 def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_recall: float = TARGET_RECALL,
@@ -131,7 +139,7 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
         result = {"params": {}}
         if n > 1 and not describe(built)["exact"]:
             truth = tuning_queries(vectors, ids, np.setdiff1d(np.arange(n), rows), seed=seed)
-            result = _measure(built, vectors, ids, truth, target_recall)
+            result = {**_tuned(built, vectors, ids, truth, target_recall), **_timed([built], truth.queries)[0]}
         report = {"factory": choice.factory, "reason": choice.reason, **result, "candidates": [], "sample": None}
         return built, _finish(report, built, n, target_recall, start, time.perf_counter())
     rng = np.random.default_rng(seed)
@@ -144,16 +152,17 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
         factory = scaled_factory(cand.factory, len(sample) / n) if n > SAMPLE else cand.factory
         idx, _ = build_factory(xs, ids_s, factory, device, seed, exclude=truth.rows if truth else None)
         build_s = time.perf_counter() - began
-        result = _measure(idx, xs, ids_s, truth, target_recall) if truth else {
-            "params": {}, "recall_at_10": 1.0, "recall_at_10_lower": 1.0, "meets_target": True, "ms_batch_1": 0.0,
-            "ms_batch_256": 0.0}
-        grow = growth(cand.family, len(sample), n)
-        rows.append({"factory": cand.factory, "sample_factory": factory, **result, "build_s": round(build_s, 2),
-                     "memory_bytes": index_bytes_at(idx, n),
-                     "predicted_ms_batch_1": round(result["ms_batch_1"] * grow, 5),
-                     "predicted_ms_batch_256": round(result["ms_batch_256"] * grow, 5)})
+        result = _tuned(idx, xs, ids_s, truth, target_recall) if truth else {
+            "params": {}, "recall_at_10": 1.0, "recall_at_10_lower": 1.0, "meets_target": True}
+        rows.append({"factory": cand.factory, "family": cand.family, "sample_factory": factory, **result,
+                     "build_s": round(build_s, 2), "memory_bytes": index_bytes_at(idx, n)})
         built[cand.factory] = idx
-        log.info("faiss: candidate %s", rows[-1])
+    timings = _timed(list(built.values()), truth.queries) if truth else [{"ms_batch_1": 0.0, "ms_batch_256": 0.0}]
+    for row, timing in zip(rows, timings):
+        grow = growth(row.pop("family"), len(sample), n)
+        row.update(timing, predicted_ms_batch_1=round(timing["ms_batch_1"] * grow, 5),
+                   predicted_ms_batch_256=round(timing["ms_batch_256"] * grow, 5))
+        log.info("faiss: candidate %s", row)
     winner, reason = pick(rows, target_recall)
     if n <= EXACT_ONLY:
         reason = f"{n} <= {EXACT_ONLY} vectors: exact search, the only candidate"
@@ -166,7 +175,8 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
         built.clear()
         best, train_rows = build_factory(vectors, ids, winner["factory"], device, seed)
         full_truth = tuning_queries(vectors, ids, np.setdiff1d(np.arange(n), train_rows), seed=seed)
-        report = {"factory": winner["factory"], **_measure(best, vectors, ids, full_truth, target_recall)}
+        report = {"factory": winner["factory"], **_tuned(best, vectors, ids, full_truth, target_recall),
+                  **_timed([best], full_truth.queries)[0]}
     report.update(reason=reason, candidates=rows, sample=len(sample) if n > SAMPLE else None,
                   choice_s=round(chosen - start, 2))
     return best, _finish(report, best, n, target_recall, start, chosen)
