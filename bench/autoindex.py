@@ -139,7 +139,8 @@ def bench(n: int) -> dict:
     for e in entries + [p for s in out["sweeps"] for p in s["points"]]:
         e.pop("object")
     out["load_after"] = os.getloadavg()
-    print(json.dumps({k: v for k, v in out.items() if k != "auto"}, default=float), flush=True)
+    shown = {**out, "auto": {k: v for k, v in out["auto"].items() if k != "report"}}
+    print(json.dumps(shown, default=float), flush=True)
     return out
 
 
