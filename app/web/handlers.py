@@ -39,7 +39,8 @@ ALL_LABELS = ""
 
 #: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
 ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
-         "search_params": "search setting", "tuning": "measured recall", "device": "device"}
+         "search_params": "search setting", "tuning": "measured recall", "index_reason": "why this index",
+         "index_candidates": "candidates (* chosen)", "device": "device"}
 
 
 @lru_cache(maxsize=1)
@@ -189,6 +190,8 @@ class SearchHandlers:
                 value = Path(str(value)).name
             if isinstance(value, Mapping):
                 value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+            if isinstance(value, list):
+                value = "; ".join(value) or None
             if value is not None:
                 rows.append(f"- **{name}**: `{value}`")
         return "\n".join(rows)
