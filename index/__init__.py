@@ -1,5 +1,6 @@
 """Gallery indexing and search with an exported ONNX embedder: LMDB storage, a faiss index beside it.
 
+    build_index(vectors, target_recall=0.95)   the fastest faiss index of an array meeting a recall target, + report
     build_gallery(model, images, db)       index a data set spec into a new gallery folder (resumable)
     add_images(db, images)                 add images to a gallery
     remove_items(db, ids=... | label=...)  remove items
@@ -12,6 +13,7 @@
 No torch and nothing from metricsearch.train is imported here.
 """
 
+from metricsearch.index.autoindex import build_index
 from metricsearch.index.catalog import Hit, Hits, SearchResults
 from metricsearch.index.duplicates import draw_duplicates, find_duplicates
 from metricsearch.index.evaluate import evaluate_gallery, labelled_items
@@ -22,5 +24,6 @@ from metricsearch.index.pipeline import EmbedStep, ImageReader, ReadSettings
 from metricsearch.index.verify import gallery_info, verify_gallery
 
 __all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "SearchResults",
-           "add_images", "build_gallery", "choose_index", "draw_duplicates", "evaluate_gallery", "find_duplicates", "labelled_items",
-           "gallery_info", "rebuild_index", "remove_items", "select_device", "verify_gallery"]
+           "add_images", "build_gallery", "build_index", "choose_index", "draw_duplicates", "evaluate_gallery",
+           "find_duplicates", "gallery_info", "labelled_items", "rebuild_index", "remove_items", "select_device",
+           "verify_gallery"]

@@ -167,7 +167,8 @@ def test_the_pixel_limit_refuses_large_queries(handlers) -> None:
 def test_about_panel_names_model_size_index_and_device(handlers) -> None:
     about = handlers.about()
     for field in ("- **model**: `", "- **dimension**: `128`", "- **items**: `896`", "- **index type**: `",
-                  "- **search setting**: `", "- **device**: `"):
+                  "- **search setting**: `", "- **device**: `", "- **why this index**: `",
+                  "- **candidates (* chosen)**: `*IDMap,Flat exact: recall@10 1.000"):
         assert field in about, about
     assert str(handlers.gallery.db) not in about  # no server paths on the page
 

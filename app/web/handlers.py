@@ -45,7 +45,8 @@ CLASS_COLUMNS = ("label", "queries", "recall_at_1", "map_at_r", "most_confused_w
 
 #: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
 ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
-         "search_params": "search setting", "tuning": "measured recall", "device": "device"}
+         "search_params": "search setting", "tuning": "measured recall", "index_reason": "why this index",
+         "index_candidates": "candidates (* chosen)", "device": "device"}
 
 
 @lru_cache(maxsize=1)
@@ -223,6 +224,8 @@ class SearchHandlers:
             value = info.get(key)
             if isinstance(value, Mapping):
                 value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+            if isinstance(value, list):
+                value = "; ".join(value) or None
             if value is not None:
                 rows.append(f"- **{name}**: `{value}`")
         return "\n".join(rows)
