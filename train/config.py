@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "cache_images": True,
     "eval": {"every": 1, "batch_size": 256, "recall_k": None, "nmi": True, "one_shot_ways": None},
     "log_every": 50,
+    "logging": {"tensorboard": False},  # true: TensorBoard event files in the run directory (train/board.py)
 }
 
 
@@ -144,11 +145,14 @@ def validate_config(config: dict[str, Any]) -> None:
     missing = [key for key in DEFAULTS if key not in config]
     if missing:
         raise ValueError(f"the config lacks key(s) {', '.join(missing)}; build it with load_config")
-    for section in ("model", "eval", *SECTIONS):
+    for section in ("model", "eval", "logging", *SECTIONS):
         if not isinstance(config[section], dict) and not (section in OPTIONAL and config[section] is None):
             raise ValueError(f"config key {section} must be a mapping, got {config[section]!r}")
     check_model(config["model"])
     check_keys(config["eval"], DEFAULTS["eval"], "eval.")
+    check_keys(config["logging"], DEFAULTS["logging"], "logging.")
+    if not isinstance(config["logging"]["tensorboard"], bool):
+        raise ValueError(f"logging.tensorboard must be true or false, got {config['logging']['tensorboard']!r}")
     for section, (registry, passed, own) in SECTIONS.items():
         check_component(config, section, registry, passed, own)
     for key, least in (("epochs", 1), ("log_every", 1), ("num_workers", 0), ("eval.every", 1), ("eval.batch_size", 1)):
