@@ -64,5 +64,5 @@ def test_resuming_adds_only_the_new_epochs_and_off_writes_nothing(tmp_path: Path
     off = train(load_config(None, [f"output_dir={tmp_path}", "name=off", "epochs=1", "batches_per_epoch=2"]),
                 progress=False)
     assert not (off.run_dir / "tensorboard").exists()
-    with pytest.raises(ValueError, match="logging.tensorboard must be true or false"):
+    with pytest.raises(ValueError, match=r"logging\.tensorboard"):
         train(load_config(None, [f"output_dir={tmp_path}", "name=bad", "logging.tensorboard=maybe"]), progress=False)
