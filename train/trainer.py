@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,6 +35,9 @@ from metricsearch.train.optim import build_optimizer, build_schedule
 from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
+
+#: a test hook: set to N, training says "paused before step N" on stderr and waits for a signal (e.g. Ctrl-C) there
+PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
 
 #: resuming may change these keys of a run's config (they do not change what it computes)
 RESUMABLE_CHANGES = ("epochs", "log_every")
@@ -191,7 +195,10 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
                unit="batch", leave=False)
     total = torch.zeros((), dtype=torch.float64, device=setup.device)
     t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
+    pause_at = int(os.environ.get(PAUSE_AT_STEP, -1))
     for images, labels, indices in bar:
+        if epoch * len(setup.sampler) + steps == pause_at:
+            _pause(pause_at)
         total += train_step(setup, images, labels, indices)
         seen, steps = seen + len(images) * setup.dist.world_size, steps + 1
         if steps % int(config["log_every"]) == 0:
@@ -319,6 +326,13 @@ def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
     with open(run_dir / "metrics.jsonl", "w") as f:
         for row in history:
             f.write(json.dumps(row) + "\n")
+
+
+def _pause(step: int) -> None:
+    """Say that training waits before global step `step` (counted from 0), then wait until a signal ends it."""
+    print(f"paused before step {step}", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(60)
 
 
 def _report(row: dict[str, Any], epoch: int, epochs: int) -> None:
