@@ -15,7 +15,7 @@ TRAIN_EXTRA_HINT = "needs the `train` extra (torch, torchvision, onnx): pip inst
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from metricsearch.train import load_config, train
+    from metricsearch.train import RunExistsError, load_config, train
 
     overrides = list(args.set or [])
     for key in ("device", "name", "output_dir", "epochs"):
@@ -23,8 +23,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={getattr(args, key)}")
     if args.pretrained is not None:
         overrides.append(f"model.pretrained={args.pretrained}")
-    result = train(load_config(args.config, overrides), resume=args.resume, overwrite=args.overwrite,
-                   progress=not args.quiet, stop_after_epoch=args.stop_after_epoch)
+    try:
+        result = train(load_config(args.config, overrides), resume=args.resume, overwrite=args.overwrite,
+                       progress=not args.quiet, stop_after_epoch=args.stop_after_epoch)
+    except RunExistsError as exc:
+        raise FileExistsError(f"{exc.run_dir} already holds a run; pass --resume to continue it, --overwrite to "
+                              "replace it, or --set name=OTHER for a new run") from None
     if result.is_main:  # under torchrun, rank 0 speaks for the run
         summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
                    "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
@@ -95,12 +99,14 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 def _print_registry(title: str, registry, hidden: tuple[str, ...] = ()) -> None:
     import inspect
 
+    from metricsearch.train.context import CONTEXT_KEYS
+
     print(f"{title}:")
     for name in registry.names():
         params = ", ".join(
             f"{k}={v!r}" if v is not inspect.Parameter.empty else k
             for k, v in registry.parameters(name).items()
-            if k not in ("labels", "class_counts", "num_classes", "num_images", "sampler", *hidden)
+            if k not in (*CONTEXT_KEYS, *hidden)
         )
         print(f"  {name:<22} {registry.describe(name)}")
         if params:

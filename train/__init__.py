@@ -7,7 +7,7 @@
 
 from metricsearch.train.config import load_config
 from metricsearch.train.export import ExportReport, export_onnx
-from metricsearch.train.losses.inspect import inspect_loss
-from metricsearch.train.trainer import RunResult, TrainingError, train
+from metricsearch.train.losses.pair_weight_plots import inspect_loss
+from metricsearch.train.trainer import RunExistsError, RunResult, TrainingError, train
 
-__all__ = ["ExportReport", "RunResult", "TrainingError", "export_onnx", "inspect_loss", "load_config", "train"]
+__all__ = ["ExportReport", "RunExistsError", "RunResult", "TrainingError", "export_onnx", "inspect_loss", "load_config", "train"]

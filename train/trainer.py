@@ -25,6 +25,7 @@ from metricsearch.models.embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.config import component, validate_config
+from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
 from metricsearch.train.distributed import (
@@ -45,6 +46,15 @@ RESUMABLE_CHANGES = ("epochs", "log_every")
 
 class TrainingError(MetricsearchError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
+
+
+class RunExistsError(FileExistsError):
+    """The run directory already holds a run (and neither resuming nor overwriting was asked for)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(f"{run_dir} already holds a run; pass resume=True to continue it, overwrite=True to "
+                         "replace it, or give the config another name for a new run")
+        self.run_dir = run_dir
 
 
 @dataclass
@@ -161,17 +171,17 @@ def build_components(
     config: dict[str, Any], images: ImageSet, dist: DistContext = DistContext(),
 ) -> tuple[MetricLoss, LabelBatchSampler, Callable[..., Mined] | None, Weighting | None]:
     """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit."""
-    stats = {"class_counts": images.class_counts(), "num_classes": len(images.class_names), "num_images": len(images)}
+    context = TrainContext.of(images)
     loss_name, loss_params = component(config, "loss")
-    loss = losses.build(loss_name, **stats, **loss_params)
+    loss = losses.build(loss_name, context, **loss_params)
     sampler_name, sampler_params = component(config, "sampler")
-    sampler = sampling.build_sampler(sampler_name, np.asarray(images.labels), seed=int(config["seed"]),
+    sampler = sampling.build_sampler(sampler_name, context.labels, seed=int(config["seed"]),
                                      batches_per_epoch=config["batches_per_epoch"], rank=dist.rank,
                                      world_size=dist.world_size, **sampler_params)
     miner_name, miner_params = component(config, "miner")
     miner = sampling.build_miner(miner_name, **miner_params) if miner_name else None
     weighting_name, weighting_params = component(config, "weighting")
-    weighting = (sampling.build_weighting(weighting_name, {**stats, "sampler": sampler}, **weighting_params)
+    weighting = (sampling.build_weighting(weighting_name, replace(context, sampler=sampler), **weighting_params)
                  if weighting_name else None)
     check_compatible(loss, miner, weighting, sampler)
     return loss, sampler, miner, weighting
@@ -312,10 +322,7 @@ def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool, writ
                 f"only {' and '.join(RESUMABLE_CHANGES)} may change when resuming"
             )
     elif last.is_file() and not overwrite:
-        raise FileExistsError(
-            f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-            "or --set name=OTHER for a new run"
-        )
+        raise RunExistsError(run_dir)
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

@@ -7,6 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from metricsearch.registry import Registry
+from metricsearch.train.context import TrainContext
 from metricsearch.train.losses.base import Mined, Weighting
 from metricsearch.train.sampling.base import LabelBatchSampler
 
@@ -33,7 +34,7 @@ def build_miner(name: str, **params: Any) -> Callable[..., Mined]:
     return MINERS.build(name, None, **params)
 
 
-def build_weighting(name: str, context: dict[str, Any] | None = None, **params: Any) -> Weighting:
-    """A pair weighting (per-pair losses -> the batch loss) by registry name."""
-    return WEIGHTINGS.build(name, context, **params)
+def build_weighting(name: str, context: TrainContext | dict[str, Any] | None = None, **params: Any) -> Weighting:
+    """A pair weighting (per-pair losses -> the batch loss) by registry name; the context's fields reach those that take them."""
+    return WEIGHTINGS.build(name, context.as_dict() if isinstance(context, TrainContext) else context, **params)
 

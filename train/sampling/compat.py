@@ -44,5 +44,5 @@ def check_compatible(
         if weighting.sampler is not sampler:  # it was built, so its own sampler has a known design
             raise ValueError(
                 "importance weighting was built for another sampler than the one training; build it "
-                "with context={'sampler': <the training sampler>}"
+                "with the training sampler in its context"
             )
