@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Callable, Sequence
 
 from metricsearch.app.index_commands import add_index_commands
 from metricsearch.errors import MetricsearchError
+from metricsearch.models.device import DEVICES
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that shows an option's default only where it has one and the help text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.default in (None, False, argparse.SUPPRESS)
+                or "default" in text):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 TRAIN_EXTRA_HINT = "needs the `train` extra (torch, torchvision, onnx): pip install 'metricsearch[train]'"
@@ -40,7 +53,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from metricsearch.train import export_onnx
 
     report = export_onnx(args.checkpoint, args.out, dataset=args.dataset, batch_size=args.batch_size,
-                         opset=args.opset, atol=args.atol)
+                         opset=args.opset, atol=args.atol, overwrite=args.overwrite)
     print(json.dumps({"onnx": str(report.path), "max_abs_diff": report.max_abs_diff,
                       "parity_batch": report.batch_size, "embedding_dim": report.embedding_dim}))
     return 0
@@ -165,7 +178,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     parser = argparse.ArgumentParser(
         prog="metricsearch", formatter_class=fmt,
         description="Train an image embedding with deep metric learning, export it to ONNX, evaluate it, "
@@ -180,13 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("train", _cmd_train, "Train an embedder from a YAML config; writes OUTPUT_DIR/NAME/ "
             "(config.yaml, metrics.jsonl, last.pt, best.pt, training.png).")
-    p.add_argument("--config", help="YAML config (see configs/); without it the built-in digits default runs")
+    p.add_argument("--config", help="a YAML config file, or the name of a packaged one (digits, omniglot, cub200, "
+                   "cars196, sop, inshop); without it the digits recipe runs")
     p.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                    help="override config values, dotted keys, YAML values, applied in order (e.g. --set "
                         "sampler.name=p_random sampler.p=0.1 weighting.name=importance); repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run from its last.pt")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where to train (config key device)")
+    p.add_argument("--device", choices=DEVICES, help="where to train (config key device)")
     p.add_argument("--name", help="run name (config key name)")
     p.add_argument("--output-dir", dest="output_dir", help="parent folder of runs (config key output_dir)")
     p.add_argument("--epochs", type=int, help="number of epochs (config key epochs)")
@@ -198,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("export", _cmd_export, "Export a trained embedder to ONNX (dynamic batch, preprocessing in the "
             "metadata) and check torch/onnxruntime parity on a real batch.")
     p.add_argument("checkpoint", help="run directory (uses best.pt, else last.pt) or a checkpoint file")
-    p.add_argument("--out", required=True, help="path of the .onnx file to write")
+    p.add_argument("--out", required=True, help="path of the .onnx file to write (its folder must exist)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--dataset", help="data set spec for the parity batch (default: the run's data set)")
     p.add_argument("--batch-size", type=int, default=32, help="images in the parity batch")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset version")
@@ -222,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "1000 episodes of this protocol; within_alphabet = the official Omniglot protocol (one "
                    "alphabet per episode, support and query by different drawers)")
     p.add_argument("--batch-size", type=int, default=256, help="images per inference batch")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="onnxruntime device")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="onnxruntime device")
     p.add_argument("--pixels-size", type=int, default=28, help="side of the resized image for --model pixels")
     p.add_argument("--pixels-channels", type=int, default=1, choices=[1, 3], help="channels for --model pixels")
     p.add_argument("--json", action="store_true",
@@ -276,7 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prefix = " ".join(["metricsearch", args.command] + ([args.index_command] if args.command == "index" else []))
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that stopped reading (`| head`) is not an error
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches the closed pipe
+        return 141  # as a shell reports a command ended by SIGPIPE
     except ModuleNotFoundError as exc:
         if exc.name not in ("torch", "torchvision", "onnx", "matplotlib"):
             raise

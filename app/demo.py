@@ -99,7 +99,7 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
         from metricsearch.train import export_onnx
 
         log(f"[2/5] export: {model}")
-        state.finish("export", {"max_abs_diff": export_onnx(run_dir, model).max_abs_diff})
+        state.finish("export", {"max_abs_diff": export_onnx(run_dir, model, overwrite=True).max_abs_diff})
     if not reuse(3, "index", state.done("index", db), f"the gallery {db} {again}"):
         log(f"[3/5] index: the test classes of {dataset} into {db}")
         new_model = len(ran) > 1  # a new model makes a new gallery; else a build cut short goes on

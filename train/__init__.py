@@ -10,4 +10,5 @@ from metricsearch.train.export import ExportReport, export_onnx
 from metricsearch.train.losses.pair_weight_plots import inspect_loss
 from metricsearch.train.trainer import RunExistsError, RunResult, TrainingError, train
 
-__all__ = ["ExportReport", "RunExistsError", "RunResult", "TrainingError", "export_onnx", "inspect_loss", "load_config", "train"]
+__all__ = ["ExportReport", "RunExistsError", "RunResult", "TrainingError", "export_onnx", "inspect_loss",
+           "load_config", "train"]

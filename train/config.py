@@ -204,7 +204,7 @@ DEFAULTS: dict[str, Any] = _defaults()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The resolved and validated config: defaults, then the YAML file (a path or a packaged name), then each override."""
+    """The resolved, validated config: defaults, the YAML file (a path or a packaged name), each override in order."""
     config = copy.deepcopy(DEFAULTS)
     if path is not None:
         config = deep_merge(config, read_config_file(config_path(path)))

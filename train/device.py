@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from metricsearch.models.device import check_device
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """`auto` -> cuda if available else cpu; `cuda` without a GPU is an error that says so."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+    check_device(name)
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu or auto")
     return torch.device(name)

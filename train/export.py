@@ -50,10 +50,19 @@ def check_parity(model: Embedder, onnx_path: str | Path, batch: np.ndarray, atol
 def export_onnx(
     model: Embedder | str | Path, out: str | Path, batch: np.ndarray | None = None, *,
     dataset: str | None = None, batch_size: int = 32, source: str = "", opset: int = 17, atol: float = 1e-4,
+    overwrite: bool = False,
 ) -> ExportReport:
     """Write a model, or a run directory's / checkpoint's, as ONNX (dynamic batch axis, metadata) to `out`,
-    checked for parity on `batch` (default: `batch_size` test images of the run's data set, or of `dataset`)."""
+    checked for parity on `batch` (default: `batch_size` test images of the run's data set, or of `dataset`).
+    An existing `out` is replaced only with `overwrite`; its folder must exist."""
     import onnx
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists; replace it with --overwrite (overwrite=True in Python) "
+                              "or choose another --out")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"the folder {out.parent} of {out} does not exist; create it or choose another --out")
 
     if not isinstance(model, Embedder):
         source = source or str(resolve_checkpoint(model))
@@ -63,8 +72,6 @@ def export_onnx(
             batch = sample_batch(model.preprocessing, split.test if len(split.test) else split.train, batch_size)
     if batch is None:
         raise ValueError("export_onnx of an in-memory model needs a parity batch")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval().cpu()
     example = torch.from_numpy(batch[:2])
     torch.onnx.export(
