@@ -1,7 +1,7 @@
 """Training (the `train` extra): samplers, miners, weightings, losses, the trainer and ONNX export.
 
     from metricsearch.train import load_config, train, export_onnx
-    run = train(load_config("configs/digits.yaml"))
+    run = train(load_config("digits"))
     export_onnx(run.run_dir, "digits.onnx")
 """
 
