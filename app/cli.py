@@ -59,23 +59,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_metrics(result: dict) -> str:
-    """An evaluation result as aligned text lines: Recall@K, NMI, MAP@R, queries, one-shot accuracy."""
-    lines = [f"Recall@{k:<5} {v:.4f}" for k, v in result["recall_at_k"].items()]
-    if result["nmi"] is not None:
-        lines.append(f"NMI          {result['nmi']:.4f}")
-    lines += [f"MAP@R        {result['map_at_r']:.4f}", f"queries      {result['n_queries']}"]
-    for key in (k for k in result if k.startswith(("one_shot", "recall_at_10_vs"))):
-        value = result[key]
-        if isinstance(value, dict):  # a protocol's error and its 95% confidence interval
-            low, high = value["ci95"]
-            lines.append(f"{key:<12} error {value['error']:.4f} (95% CI {low:.4f}-{high:.4f}, "
-                         f"{value['episodes']} episodes)")
-        else:
-            lines.append(f"{key:<12} {value:.4f}")
-    return "\n".join(lines)
-
-
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.db is None):
         raise ValueError("pass --model (with --dataset, or --query and --gallery) or --db (a gallery), one of the two")
@@ -97,6 +80,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
+        from metricsearch.evaluation import format_metrics
+
         print(format_metrics(result))
     return 0
 

@@ -123,7 +123,7 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
 
 
 def _format_metrics(metrics: dict[str, Any]) -> str:
-    from metricsearch.app.cli import format_metrics
+    from metricsearch.evaluation import format_metrics
 
     return "evaluation on the test classes (each gallery item queries the others):\n" + format_metrics(metrics)
 

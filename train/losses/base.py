@@ -125,6 +125,14 @@ class MetricLoss(nn.Module):
         emb = embeddings if embeddings.dtype == torch.float64 else embeddings.float()
         return F.normalize(emb, dim=1) if self.normalize else emb
 
+    def check_weighting(self, weighting: Weighting | None) -> None:
+        """Raise a ValueError when a weighting is given to a loss that cannot take one."""
+        if weighting is not None and not self.accepts_weighting:
+            raise ValueError(
+                f"loss {type(self).__name__} does not take a pair weighting; "
+                "use a pair loss such as contrastive, or drop the weighting"
+            )
+
     def block(self, labels: Tensor) -> tuple[Tensor, Tensor] | None:
         """Rows and columns (batch indices) of the only block of S the loss reads; None: all of S."""
         return None
@@ -147,11 +155,7 @@ class MetricLoss(nn.Module):
     ) -> Tensor:
         """The batch loss, a scalar tensor."""
         check_inputs(embeddings, labels)
-        if weighting is not None and not self.accepts_weighting:
-            raise ValueError(
-                f"loss {type(self).__name__} does not take a pair weighting; "
-                "use a pair loss such as contrastive, or drop the weighting"
-            )
+        self.check_weighting(weighting)
         sim = self.used_similarity(embeddings, labels)
         out = self.loss_from_similarity(sim, labels, mined, weighting, indices)
         extra = self.extra_loss(embeddings)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import MetricLoss, Mined, Weighting, check_positive
 from metricsearch.train.losses.lifted import lifted_star_terms
 from metricsearch.train.losses.ms import check_epsilon, ms_pairs

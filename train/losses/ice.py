@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,

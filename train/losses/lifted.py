@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
