@@ -112,7 +112,7 @@ def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch
         checkpoint, why = _exported_checkpoint(run_dir)
         log(f"[2/5] export: {checkpoint} -> {model}\n      {checkpoint.name}: {why}")
         state.finish("export", {"checkpoint": str(checkpoint), "why": why,
-                                "max_abs_diff": export_onnx(checkpoint, model).max_abs_diff})
+                                "max_abs_diff": export_onnx(checkpoint, model, overwrite=True).max_abs_diff})
     if not reuse(3, "index", state.done("index", db), f"the gallery {db} {again}"):
         log(f"[3/5] index: the test classes of {dataset} into {db}")
         new_model = len(ran) > 1  # a new model makes a new gallery; else a build cut short goes on

@@ -82,7 +82,7 @@ def _load_split(spec: str, download: bool, split_classes: float | None) -> DataS
                          "(metricsearch index build --images SPEC), or give a folder:PATH of class sub-folders")
     if name == "folder":
         if download:
-            raise ValueError("folder: data sets cannot be downloaded; drop --download")
+            raise ValueError("folder: data sets cannot be downloaded; drop download: true from the config")
         return folder.load(root, split_classes)
     if split_classes is not None:
         raise ValueError(f"{name} has a fixed class split; --split-classes applies to folder:PATH only")

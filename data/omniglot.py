@@ -80,12 +80,14 @@ def load(root: Path) -> DataSplit:
     """The Omniglot split; with only one kind of set present, alphabets alternate between train and test."""
     spec = f"omniglot:{root}"
     if not root.is_dir():
-        raise FileNotFoundError(f"{spec}: folder {root} does not exist (check the path or pass --download)")
+        raise FileNotFoundError(f"{spec}: folder {root} does not exist (check the path, or fetch it: "
+                                "metricsearch train --set download=true)")
     bg_sources, bg_entries, bg_items = _read_sets(root, BACKGROUND)
     ev_sources, ev_entries, ev_items = _read_sets(root, EVALUATION)
     if not bg_sources and not ev_sources:
         expected = ", ".join(f"{n}[.zip]" for n in BACKGROUND + EVALUATION)
-        raise FileNotFoundError(f"{spec}: none of {expected} found in {root} (or pass --download)")
+        raise FileNotFoundError(f"{spec}: none of {expected} found in {root} (or fetch it: "
+                                "metricsearch train --set download=true)")
     unique: dict[Entry, object] = {}
     for entry, item in zip(bg_entries + ev_entries, bg_items + ev_items):
         unique.setdefault(entry, item)

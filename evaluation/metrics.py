@@ -6,6 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+#: the K of Recall@K where neither the caller nor the data set names them
+RECALL_K: tuple[int, ...] = (1, 2, 4, 8)
+
 
 def sq_distances(q: np.ndarray, g: np.ndarray) -> np.ndarray:
     """Squared Euclidean distances, len(q) x len(g), float32."""
@@ -34,7 +37,7 @@ def retrieval_metrics(
     query_labels: np.ndarray,
     gallery: np.ndarray | None = None,
     gallery_labels: np.ndarray | None = None,
-    recall_k: Sequence[int] = (1, 2, 4, 8),
+    recall_k: Sequence[int] = RECALL_K,
     block_size: int = 1024,
 ) -> dict[str, Any]:
     """Recall@K and MAP@R of queries against a gallery (the queries themselves when gallery is None).
@@ -139,7 +142,7 @@ def evaluate(
     query_labels: np.ndarray,
     gallery: np.ndarray | None = None,
     gallery_labels: np.ndarray | None = None,
-    recall_k: Sequence[int] = (1, 2, 4, 8),
+    recall_k: Sequence[int] = RECALL_K,
     with_nmi: bool = True,
     one_shot_ways: int | None = None,
     one_shot_protocol: str | None = None,

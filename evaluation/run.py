@@ -9,10 +9,12 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from metricsearch.data import DataSplit, ImageSet, load_query_gallery, load_split
+from metricsearch.data.base import RECALL_K_INSHOP
 from metricsearch.evaluation.metrics import evaluate
 
 #: Recall@K list for query/gallery evaluation (In-Shop style)
-RECALL_K_QUERY_GALLERY: tuple[int, ...] = (1, 10, 20, 30, 40, 50)
+#: Recall@K of queries against a separate gallery, as In-Shop's protocol reports it
+RECALL_K_QUERY_GALLERY = RECALL_K_INSHOP
 
 
 class SetEmbedder(Protocol):

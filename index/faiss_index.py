@@ -18,6 +18,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from metricsearch.models.device import check_device
+
 log = logging.getLogger("metricsearch.index")
 
 INDEX_DIR = "index"
@@ -34,8 +36,7 @@ PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 
 def select_device(device: str = "auto", num_gpus: int | None = None) -> str:
     """`gpu` or `cpu` for faiss: GPUs when faiss sees any (auto), or as `device` (auto|cpu|cuda) says."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    check_device(device, indexed=False)
     gpus = faiss.get_num_gpus() if num_gpus is None else num_gpus
     if device == "cuda" and gpus < 1:
         raise ValueError("device 'cuda' was asked for but faiss sees no GPU (faiss-cpu is installed, or no "

@@ -290,7 +290,7 @@ def test_omniglot_shared_data():
 def test_missing_path(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_split(f"folder:{tmp_path / 'nope'}", split_classes=0.5)
-    with pytest.raises(FileNotFoundError, match="--download"):
+    with pytest.raises(FileNotFoundError, match="--set download=true"):
         load_split(f"cub200:{tmp_path / 'nope'}")
     with pytest.raises(FileNotFoundError, match="images.txt not found"):
         load_split(f"cub200:{tmp_path}")

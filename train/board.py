@@ -20,7 +20,7 @@ from metricsearch.data import ImageSet
 from metricsearch.errors import MetricsearchError
 from metricsearch.models.embedder import Embedder
 from metricsearch.train.losses.base import MetricLoss, label_masks
-from metricsearch.train.losses.inspect import plot_pair_weights
+from metricsearch.train.losses.pair_weight_plots import plot_pair_weights
 from metricsearch.train.sampling import build_sampler
 
 #: the held-out batch of the histograms and the pair-weight picture: classes x images per class

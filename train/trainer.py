@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,6 +26,7 @@ from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.board import Board
 from metricsearch.train.config import component, validate_config
+from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
 from metricsearch.train.distributed import (
@@ -36,12 +38,24 @@ from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
 
+#: a test hook: set to N, training says "paused before step N" on stderr and waits for a signal (e.g. Ctrl-C) there
+PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
+
 #: resuming may change these keys of a run's config (they do not change what it computes)
 RESUMABLE_CHANGES = ("epochs", "log_every")
 
 
 class TrainingError(MetricsearchError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
+
+
+class RunExistsError(FileExistsError):
+    """The run directory already holds a run (and neither resuming nor overwriting was asked for)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(f"{run_dir} already holds a run; pass resume=True to continue it, overwrite=True to "
+                         "replace it, or give the config another name for a new run")
+        self.run_dir = run_dir
 
 
 @dataclass
@@ -165,17 +179,17 @@ def build_components(
     config: dict[str, Any], images: ImageSet, dist: DistContext = DistContext(),
 ) -> tuple[MetricLoss, LabelBatchSampler, Callable[..., Mined] | None, Weighting | None]:
     """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit."""
-    stats = {"class_counts": images.class_counts(), "num_classes": len(images.class_names), "num_images": len(images)}
+    context = TrainContext.of(images)
     loss_name, loss_params = component(config, "loss")
-    loss = losses.build(loss_name, **stats, **loss_params)
+    loss = losses.build(loss_name, context, **loss_params)
     sampler_name, sampler_params = component(config, "sampler")
-    sampler = sampling.build_sampler(sampler_name, np.asarray(images.labels), seed=int(config["seed"]),
+    sampler = sampling.build_sampler(sampler_name, context.labels, seed=int(config["seed"]),
                                      batches_per_epoch=config["batches_per_epoch"], rank=dist.rank,
                                      world_size=dist.world_size, **sampler_params)
     miner_name, miner_params = component(config, "miner")
     miner = sampling.build_miner(miner_name, **miner_params) if miner_name else None
     weighting_name, weighting_params = component(config, "weighting")
-    weighting = (sampling.build_weighting(weighting_name, {**stats, "sampler": sampler}, **weighting_params)
+    weighting = (sampling.build_weighting(weighting_name, replace(context, sampler=sampler), **weighting_params)
                  if weighting_name else None)
     check_compatible(loss, miner, weighting, sampler)
     return loss, sampler, miner, weighting
@@ -199,7 +213,10 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
                unit="batch", leave=False)
     total = torch.zeros((), dtype=torch.float64, device=setup.device)
     t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
+    pause_at = int(os.environ.get(PAUSE_AT_STEP, -1))
     for images, labels, indices in bar:
+        if epoch * len(setup.sampler) + steps == pause_at:
+            _pause(pause_at)
         total += train_step(setup, images, labels, indices)
         seen, steps = seen + len(images) * setup.dist.world_size, steps + 1
         if steps % int(config["log_every"]) == 0:
@@ -313,10 +330,7 @@ def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool, writ
                 f"only {' and '.join(RESUMABLE_CHANGES)} may change when resuming"
             )
     elif last.is_file() and not overwrite:
-        raise FileExistsError(
-            f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-            "or --set name=OTHER for a new run"
-        )
+        raise RunExistsError(run_dir)
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -327,6 +341,13 @@ def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
     with open(run_dir / "metrics.jsonl", "w") as f:
         for row in history:
             f.write(json.dumps(row) + "\n")
+
+
+def _pause(step: int) -> None:
+    """Say that training waits before global step `step` (counted from 0), then wait until a signal ends it."""
+    print(f"paused before step {step}", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(60)
 
 
 def _report(row: dict[str, Any], epoch: int, epochs: int) -> None:
