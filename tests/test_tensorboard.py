@@ -61,7 +61,7 @@ def test_resuming_adds_only_the_new_epochs_and_off_writes_nothing(tmp_path: Path
     rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     got = [(e.step, e.value) for e in _events(run.run_dir).Scalars("loss")]
     assert got == [(row["epoch"], pytest.approx(row["loss"])) for row in rows]
-    off = train(load_config(None, [f"output_dir={tmp_path}", "name=off", "epochs=1", "batches_per_epoch=2"]),
+    off = train(load_config(None, [f"output_dir={tmp_path}", "name=no-board", "epochs=1", "batches_per_epoch=2"]),
                 progress=False)
     assert not (off.run_dir / "tensorboard").exists()
     with pytest.raises(ValueError, match=r"logging\.tensorboard"):
