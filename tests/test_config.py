@@ -203,3 +203,13 @@ def test_a_run_that_exists_names_the_python_arguments_from_python_and_the_flags_
     assert done.returncode == 2
     assert "pass --resume to continue it, --overwrite to replace it" in done.stderr
     assert "resume=True" not in done.stderr
+
+
+def test_a_new_backbone_drops_the_base_recipes_preprocessing() -> None:
+    # the digits base sets 28 px gray for small_cnn; a photo backbone must get its own ImageNet preprocessing
+    photo = load_config(None, ["model.backbone=efficientnet_lite0"])["model"]
+    assert photo["preprocessing"] == {} and photo["backbone_params"] == {}
+    sized = load_config(None, ["model={backbone: 'timm:resnet18', preprocessing: {size: 160}}"])["model"]
+    assert sized["preprocessing"] == {"size": 160}
+    same = load_config(None, ["model.backbone=small_cnn", "model.dim=16"])["model"]
+    assert same["preprocessing"]["size"] == 28 and same["dim"] == 16

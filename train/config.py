@@ -118,6 +118,8 @@ class TrainConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
+#: model keys that belong to its backbone: a new `model.backbone` drops the ones the base recipe set
+BACKBONE_KEYS = ("preprocessing", "backbone_params")
 #: sections naming a component: a new `name` there drops the old component's parameters
 COMPONENTS = ("loss", "sampler", "miner", "weighting", "schedule", "augment")
 
@@ -144,6 +146,9 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """A copy of `base` with `update` merged in, recursively for nested dicts."""
     out = copy.deepcopy(base)
     for key, value in update.items():
+        if (key == "model" and isinstance(value, dict) and isinstance(out.get(key), dict)
+                and value.get("backbone", out[key].get("backbone")) != out[key].get("backbone")):
+            out[key] = {k: v for k, v in out[key].items() if k not in BACKBONE_KEYS}
         renamed = (key in COMPONENTS and isinstance(value, dict) and isinstance(out.get(key), dict)
                    and "name" in value and value["name"] != out[key].get("name"))
         if isinstance(value, dict) and isinstance(out.get(key), dict) and not renamed:
