@@ -87,19 +87,21 @@ def mount_api(app: FastAPI, handlers: SearchHandlers, *, max_upload_bytes: int, 
             form = await request.form(max_files=most, max_fields=10)
         except StarletteHTTPException as exc:
             raise HTTPException(400, f"Send a multipart form: {exc.detail}") from None
-        files = [f for f in form.getlist(field) if isinstance(f, UploadFile)]
-        if not files:
-            raise HTTPException(400, f"No image to search: send the image file as the form field {field!r}.")
-        out = []
-        for file in files:
-            name = file.filename or "upload"
-            data = await file.read(max_upload_bytes + 1)
-            if len(data) > max_upload_bytes:
-                raise HTTPException(413, f"Cannot search with this file. {name} is over the upload limit of "
-                                         f"{max_upload_bytes / 2**20:g} MB.")
-            out.append((name, data))
-        await form.close()
-        return out, form.get("k", 10), form.get("label", ALL_LABELS)
+        try:
+            files = [f for f in form.getlist(field) if isinstance(f, UploadFile)]
+            if not files:
+                raise HTTPException(400, f"No image to search: send the image file as the form field {field!r}.")
+            out = []
+            for file in files:
+                name = file.filename or "upload"
+                data = await file.read(max_upload_bytes + 1)
+                if len(data) > max_upload_bytes:
+                    raise HTTPException(413, f"Cannot search with this file. {name} is over the upload limit of "
+                                             f"{max_upload_bytes / 2**20:g} MB.")
+                out.append((name, data))
+            return out, form.get("k", 10), form.get("label", ALL_LABELS)
+        finally:
+            await form.close()  # its spooled files
 
     def search(images: list[tuple[str, bytes]], k: Any, label: Any) -> list[dict[str, Any]]:
         """One {name, hits} or {name, error} per image: a refused image never fails the others."""
