@@ -74,12 +74,17 @@ def _ranked_sums(relevant: np.ndarray, r: np.ndarray, ks: Sequence[int]) -> tupl
     """Per K the queries with a relevant item among their first K, and the sum of AP@R, over the
     queries (rows of `relevant`) that have R = r > 0 relevant items."""
     keep = r > 0
-    ranks = np.arange(1, relevant.shape[1] + 1)
     hits = np.array([(relevant[:, :k].any(axis=1) & keep).sum() for k in ks], dtype=np.float64)
+    ap = query_average_precision(relevant, r)
+    return hits, float(ap[keep].sum())
+
+
+def query_average_precision(relevant: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """AP@R of each query (row of `relevant`, its ranked neighbours' relevance) with R = r relevant items."""
+    ranks = np.arange(1, relevant.shape[1] + 1)
     rb = np.maximum(r, 1)
     relf = (relevant & (ranks[None, :] <= rb[:, None])).astype(np.float64)
-    ap = (relf.cumsum(axis=1) / ranks[None, :] * relf).sum(axis=1) / rb
-    return hits, float(ap[keep].sum())
+    return (relf.cumsum(axis=1) / ranks[None, :] * relf).sum(axis=1) / rb
 
 
 def _summary(ks: Sequence[int], hits_at_k: np.ndarray, ap_sum: float, n: int) -> dict[str, Any]:
