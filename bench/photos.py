@@ -113,7 +113,9 @@ def recipe(family: str, half: str, data: Path, out: Path, extra: list[str]) -> d
     return config
 
 
-def run(families: list[str], folds: list[str], data: Path, extra: list[str], keep: Path | None) -> list[dict]:
+def run(families: list[str], folds: list[str], data: Path, extra: list[str], keep: Path | None,
+        partial: Path | None = None) -> list[dict]:
+    """Score every row on every fold (fold by fold); after each training, the table so far goes to `partial`."""
     size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
     rows: dict[str, dict[str, Any]] = {}
 
@@ -141,23 +143,23 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
                               "epochs": config["epochs"]}})
                 print(f"{family} {half}: {wall:.0f} s wall, {cpu:.0f} s CPU (load {load:.1f}); "
                       + ", ".join(f"{k} {v.mean():.3f}" for k, v in scores.items()), file=sys.stderr, flush=True)
+                if partial is not None:
+                    partial.write_text(table(summarise(list(rows.values()), size), size, None) + "\n")
     return list(rows.values())
 
 
 def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
     """Pooled per-query scores with bootstrap intervals, and the paired Recall@1 difference to off-the-shelf."""
-    folds = list(rows[0]["scores"])
-    pooled = {r["row"]: {m: np.concatenate([r["scores"][f][m] for f in folds if f in r["scores"]])
-                         for m in ("recall_at_1", "map_at_r", "catalogue_at_1")} for r in rows}
-    ref = pooled[f"off-the-shelf {size}px"]["recall_at_1"]
+    reference = next(r for r in rows if r["row"] == f"off-the-shelf {size}px")
     out = []
     for r in rows:
-        p = pooled[r["row"]]
-        item = {"row": r["row"], "what": r["what"], "folds": [f for f in folds if f in r["scores"]],
-                "train": r["train"], **{m: bootstrap(v) for m, v in p.items()},
-                "by_fold": {f: {m: float(v.mean()) for m, v in r["scores"][f].items()} for f in r["scores"]}}
-        if len(p["recall_at_1"]) == len(ref):
-            item["recall_at_1_vs_off_the_shelf"] = bootstrap(p["recall_at_1"] - ref)
+        folds = list(r["scores"])
+        p = {m: np.concatenate([r["scores"][f][m] for f in folds]) for m in ("recall_at_1", "map_at_r", "catalogue_at_1")}
+        ref = np.concatenate([reference["scores"][f]["recall_at_1"] for f in folds])
+        item = {"row": r["row"], "what": r["what"], "folds": folds, "train": r["train"],
+                **{m: bootstrap(v) for m, v in p.items()},
+                "by_fold": {f: {m: float(v.mean()) for m, v in r["scores"][f].items()} for f in folds},
+                "recall_at_1_vs_off_the_shelf": bootstrap(p["recall_at_1"] - ref)}
         out.append(item)
     return out
 
@@ -196,7 +198,7 @@ def table(summary: list[dict[str, Any]], size: int, fast: dict[str, float] | Non
         return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
 
     folds = "+".join(summary[0]["folds"])
-    lines = [f"Grocery Store, unseen classes, folds {folds} pooled ({sum(1 for _ in summary[0]['folds'])} fold(s)); "
+    lines = [f"Grocery Store, unseen classes, held-out halves {folds} pooled (a row's queries over the folds it ran); "
              "mean [95% bootstrap interval over queries]", "",
              "| row | photo->photo R@1 | photo->photo MAP@R | photo->catalogue acc@1 | R@1 vs off-the-shelf "
              f"{size}px (paired) | R@1 by fold | train wall / CPU s per fold |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -238,13 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
     t0, c0 = time.perf_counter(), cpu_seconds()
     fast = speed(args.speed_batches, extra, args.data) if args.speed_batches else None
-    summary = summarise(run(list(args.families), list(args.folds), args.data, extra, args.keep), size)
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.results.with_suffix(".partial.md")
+    summary = summarise(run(list(args.families), list(args.folds), args.data, extra, args.keep, partial), size)
     text = table(summary, size, fast)
     text += f"\n\nCommand: python bench/photos.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     text += (f"\nTotal {time.perf_counter() - t0:.0f} s wall, {cpu_seconds() - c0:.0f} s CPU (user+sys) on "
              f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end.")
     print(text)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
+    partial.unlink(missing_ok=True)
     args.results.with_suffix(".md").write_text(text + "\n")
     args.results.with_suffix(".json").write_text(json.dumps({"rows": summary, "speed": fast}, indent=1) + "\n")
     return 0
