@@ -19,7 +19,8 @@ loop) against a bare PyTorch loop with the same model, batch, loss and optimizer
 decoded in memory (the compute ceiling), one after the other in this process.
 
 Run: `nice -n 19 python bench/photos.py` (every row), or a quick pass:
-`python bench/photos.py --epochs 1 --size 128 --families ms --folds half2`. Prints one line per
+`python bench/photos.py --epochs 1 --size 128 --families ms --folds half2`; the folds can run side by
+side (`--folds half1 --results R1` and `--folds half2 --results R2`), then `--combine R1.json R2.json`. Prints one line per
 training (wall and CPU seconds), then a markdown table; writes it with the raw numbers to
 bench/results/photos.{md,json}.
 """
@@ -193,6 +194,20 @@ def speed(batches: int, extra: list[str], data: Path) -> dict[str, float]:
                 "batch": len(decoded[0][0]), "num_workers": config["num_workers"]}
 
 
+def combine(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, float] | None]:
+    """The rows of earlier runs' RESULTS.json files (e.g. one per fold, run side by side), folds merged; their speed."""
+    rows: dict[str, dict[str, Any]] = {}
+    fast = None
+    for path in paths:
+        saved = json.loads(path.read_text())
+        fast = fast or saved["speed"]
+        for name, r in saved["raw"].items():
+            row = rows.setdefault(name, {"row": name, "what": r["what"], "scores": {}, "train": {}})
+            row["train"].update(r["train"])
+            row["scores"].update({f: {m: np.asarray(v) for m, v in by.items()} for f, by in r["scores"].items()})
+    return list(rows.values()), fast
+
+
 def table(summary: list[dict[str, Any]], size: int, fast: dict[str, float] | None) -> str:
     def ci(v) -> str:
         return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
@@ -230,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="overrides of configs/grocery.yaml for every fine-tuning (e.g. optimizer.lr=3e-4)")
     parser.add_argument("--speed-batches", type=int, default=10, help="batches to time trainer vs bare loop (0: skip)")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
+    parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
+                        help="no training: one table from earlier runs' results (e.g. one run per fold)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
     args = parser.parse_args(argv)
     extra = list(args.set)
@@ -239,10 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(f"model.preprocessing.size={args.size}")
     size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
     t0, c0 = time.perf_counter(), cpu_seconds()
-    fast = speed(args.speed_batches, extra, args.data) if args.speed_batches else None
     args.results.parent.mkdir(parents=True, exist_ok=True)
     partial = args.results.with_suffix(".partial.md")
-    summary = summarise(run(list(args.families), list(args.folds), args.data, extra, args.keep, partial), size)
+    if args.combine:
+        rows, fast = combine(args.combine)
+    else:
+        fast = speed(args.speed_batches, extra, args.data) if args.speed_batches else None
+        rows = run(list(args.families), list(args.folds), args.data, extra, args.keep, partial)
+    summary = summarise(rows, size)
     text = table(summary, size, fast)
     text += f"\n\nCommand: python bench/photos.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     text += (f"\nTotal {time.perf_counter() - t0:.0f} s wall, {cpu_seconds() - c0:.0f} s CPU (user+sys) on "
@@ -250,7 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     partial.unlink(missing_ok=True)
     args.results.with_suffix(".md").write_text(text + "\n")
-    args.results.with_suffix(".json").write_text(json.dumps({"rows": summary, "speed": fast}, indent=1) + "\n")
+    raw = {r["row"]: {"what": r["what"], "train": r["train"],
+                      "scores": {f: {m: v.tolist() for m, v in by.items()} for f, by in r["scores"].items()}}
+           for r in rows}
+    args.results.with_suffix(".json").write_text(json.dumps({"rows": summary, "speed": fast, "raw": raw}) + "\n")
     return 0
 
 
