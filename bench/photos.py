@@ -10,8 +10,8 @@ difference in photo -> photo Recall@1 to the off-the-shelf features at the train
 the very same queries. Every fine-tuned row starts from configs/grocery.yaml (the shipped recipe)
 and changes the loss family only; its last epoch is scored (never a test-selected best).
 
-Families: `ms` (multi-similarity), `margin` (margin loss with a learned per-class beta +
-distance-weighted sampling, the recipe's), `ice`, `contrastive` (balanced contrastive + importance sampling),
+Families: `ms` (multi-similarity, the recipe's), `margin` (margin loss with a learned per-class beta +
+distance-weighted sampling), `ice`, `contrastive` (balanced contrastive + importance sampling),
 `dro` (DRO-TopK-PN over the contrastive pair loss).
 
 Speed: `--speed-batches N` times the trainer (config's batch, workers, augmentation, its own epoch
@@ -58,9 +58,9 @@ BACKBONE = "efficientnet_lite0"
 #: family -> (overrides of configs/grocery.yaml, what it is)
 FAMILIES: dict[str, tuple[list[str], str]] = {
     "ms": (["loss={name: ms, alpha: 2.0, beta: 50.0, base: 0.5, epsilon: 0.1}", "miner={name: null}"],
-           "multi-similarity loss with MS mining"),
+           "multi-similarity loss with MS mining (the recipe's)"),
     "margin": (["loss={name: margin, beta_mode: class}", "miner={name: distance_weighted, produces: pairs}"],
-               "margin loss, learned class betas, distance-weighted sampling (the recipe's)"),
+               "margin loss, learned class betas, distance-weighted sampling"),
     "ice": (["loss={name: ice, scale: 64}", "miner={name: null}"], "ICE, s = 64"),
     "contrastive": (["loss={name: balanced_contrastive, lam: 256, margin: 1.0}",
                      "weighting={name: importance, delta: 1.0}", "miner={name: null}"],
