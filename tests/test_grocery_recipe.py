@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from metricsearch.app.demo import compare_with_off_the_shelf, format_photo_comparison, grocery_specs
 from metricsearch.data import load_query_gallery, load_split
