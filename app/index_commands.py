@@ -20,7 +20,7 @@ def _print_summary(summary, as_json: bool) -> None:
         return
     s = d["seconds"]
     print(f"indexed {d['indexed']}, skipped as exact duplicate {d['duplicates']}, failed {d['failed']} "
-          f"(the gallery holds {d['count']} items)")
+          f"(the gallery holds {d['count']} item{'' if d['count'] == 1 else 's'})")
     print(f"seconds: read {s['read']} (summed over the decoding threads), embed {s['embed']}, write {s['write']}, "
           f"index {s['index']}, total {s['total']}; {d['images_per_s']} images/s")
     print(f"device: onnxruntime {d['device']['onnxruntime']}, faiss {d['device']['faiss']}")
@@ -114,7 +114,7 @@ def _duplicates(args: argparse.Namespace) -> int:
     for n, group in enumerate(groups, start=1):
         print(f"group {n}: {group['size']} items, lowest similarity {group['min_similarity']}")
         for item in group["items"]:
-            print(f"  id {item['id']:<8} label {item['label']}  {item['path']}")
+            print(f"  id {item['id']:<8} label {item['label'] or '-'}  {item['path']}")
     print(f"{len(groups)} group(s) of near-duplicates at cosine >= {args.threshold}")
     return 0
 
@@ -129,7 +129,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(json.dumps(hits.to_list()))
         return 0
     for rank, hit in enumerate(hits, start=1):
-        print(f"{rank:>3}  id {hit.id:<8} score {hit.score:.4f}  label {hit.label}  {hit.path}")
+        print(f"{rank:>3}  id {hit.id:<8} score {hit.score:.4f}  label {hit.label or '-'}  {hit.path}")
     return 0
 
 

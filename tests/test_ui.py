@@ -171,6 +171,7 @@ def test_about_panel_names_model_size_index_and_device(handlers) -> None:
                   "- **candidates (* chosen)**: `*IDMap,Flat exact: recall@10 1.000"):
         assert field in about, about
     assert str(handlers.gallery.db) not in about  # no server paths on the page
+    assert "- **measured recall**: `exact search" in about, about  # a flat index measures nothing (issue 17)
 
 
 def test_evaluate_tab_shows_the_worst_queries_and_classes_of_the_served_gallery(handlers, digits_gallery) -> None:

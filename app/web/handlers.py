@@ -214,10 +214,13 @@ class SearchHandlers:
     def about(self) -> str:
         """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
         info = self.public_info()
-        if not info.get("search_params") and self.gallery.info().get("exact"):
+        exact = self.gallery.info().get("exact")
+        if not info.get("search_params") and exact:
             info["search_params"] = "exact search"
         tuning = info.get("tuning") or {}
-        if "recall_at_10" in tuning:
+        if exact:
+            info["tuning"] = "exact search (nothing to measure)"
+        elif "recall_at_10" in tuning:
             info["tuning"] = f"recall@10 {tuning['recall_at_10']} (target {tuning.get('target', '-')})"
         rows = []
         for key, name in ABOUT.items():
