@@ -25,8 +25,7 @@ def evaluate_gallery(db: str | Path, recall_k: Sequence[int] | None = None, with
     for an approximate index."""
     with Gallery.open(db, device=device) as gallery:
         catalog = gallery.catalog
-        with gallery.store.read() as txn:
-            ids, vectors = gallery.store.vectors(txn, catalog.ids)
+        ids, vectors = gallery.vectors(catalog.ids)
         codes = catalog.codes
         labelled = np.flatnonzero(codes >= 0)
         if len(np.unique(codes[labelled])) < 2:

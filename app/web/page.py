@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline and private: no calls home
+import gradio as gr
+from PIL import Image
 
-import gradio as gr  # noqa: E402
-from PIL import Image  # noqa: E402
-
-from metricsearch.app.web.handlers import ALL_LABELS, DEFAULT_QUERY_MAX_PIXELS, SearchHandlers  # noqa: E402
+from metricsearch.app.web.handlers import ALL_LABELS, DEFAULT_QUERY_MAX_PIXELS, SearchHandlers
 
 #: system fonts only: the page makes no request to any other site
 THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
@@ -31,7 +29,8 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
     thumbnails and the hits as JSON. All share one concurrency limit.
     """
     labels = [("all labels", ALL_LABELS)] + [(label, label) for label in handlers.labels]
-    with gr.Blocks(title="metricsearch", delete_cache=(3600, 3600)) as page:
+    # analytics off: offline and private, no calls home (and no version check)
+    with gr.Blocks(title="metricsearch", delete_cache=(3600, 3600), analytics_enabled=False) as page:
         gr.Markdown("## metricsearch: visual search\nGive an image; crop it to search for a part. "
                     "Click a result to search with it.")
         with gr.Row():
@@ -92,62 +91,72 @@ class Server:
     url: str
     page: gr.Blocks
     handlers: SearchHandlers
+    resources: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def close(self) -> None:
-        """Stop the server and delete its thumbnail files (the gallery stays open)."""
-        self.page.close()
-        self.handlers.close()
+        """Stop the server, delete its thumbnail files, close the gallery and give the process back its
+        faiss thread count."""
+        self.resources.close()
 
 
 def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: list[tuple[str, str]] | None = None,
           max_upload_mb: float = 10, concurrency: int = 4, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS,
           examples: Sequence[Image.Image] = (), block: bool = True,
           log: Callable[[str], None] = print) -> Server:
-    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/ until Ctrl-C.
+    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/ until Ctrl-C or SIGTERM.
 
     Binds 127.0.0.1 unless `host` says otherwise; `auth` is a list of (user, password); uploads
     over `max_upload_mb` or `max_pixels` are refused; `concurrency` searches run at once (those
     that arrive together share an inference call). No file path is ever served: thumbnails come
-    from the gallery's LMDB. With `block=False` it returns the running Server at once.
+    from the gallery's LMDB. With `block=False` it returns the running Server at once. Closing
+    it leaves the process as it was: faiss's thread count and the SIGTERM handler are restored.
     """
     for name, value in (("max upload MB", max_upload_mb), ("concurrency", concurrency), ("max pixels", max_pixels)):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
-    import faiss
+    from metricsearch.index import Gallery, search_threads
 
-    from metricsearch.index import Gallery
-
-    # one OpenMP thread per search: requests run side by side (`concurrency`), and OpenMP teams
-    # that wait for each other on a busy CPU made a one-query search many times slower
-    faiss.omp_set_num_threads(1)
-    handlers = SearchHandlers(Gallery.open(db), max_pixels=max_pixels)
-    page = build_page(handlers, concurrency=concurrency, examples=examples)
-    page.queue(max_size=64 * concurrency)
-    try:
-        _, url, _ = page.launch(
-            server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
-            prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
-            theme=THEME, css=CSS)
-    except OSError as exc:
-        handlers.close()
-        if "Cannot find empty port" in str(exc):
-            raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
-        raise
-    server = Server(url, page, handlers)
-    log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
-    if block:
-        _stop_on_sigterm()
+    with ExitStack() as stack:
+        stack.enter_context(search_threads(1))  # requests run side by side (`concurrency`), one thread each
+        gallery = stack.enter_context(Gallery.open(db))
+        handlers = SearchHandlers(gallery, max_pixels=max_pixels)
+        stack.callback(handlers.close)
+        page = build_page(handlers, concurrency=concurrency, examples=examples)
+        page.queue(max_size=64 * concurrency)
         try:
-            page.block_thread()  # until Ctrl-C (or SIGTERM)
-        finally:
-            server.close()
+            _, url, _ = page.launch(
+                server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
+                prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
+                theme=THEME, css=CSS)
+        except OSError as exc:
+            if "Cannot find empty port" in str(exc):
+                raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
+            raise
+        stack.callback(page.close)
+        server = Server(url, page, handlers, stack.pop_all())
+    message = f"serving {gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)"
+    if not block:
+        log(message)
+        return server
+    with server.resources:  # closed (server, thumbnails, gallery, threads) on the way out
+        server.resources.enter_context(_sigterm_interrupts())
+        log(message)
+        page.block_thread()  # until Ctrl-C (or SIGTERM)
     return server
 
 
-def _stop_on_sigterm() -> None:
-    """Make SIGTERM stop the server as Ctrl-C does (closing it and deleting its thumbnail files)."""
-    if threading.current_thread() is threading.main_thread():
-        def interrupt(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the server as Ctrl-C does, for the block; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
-        signal.signal(signal.SIGTERM, interrupt)
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
