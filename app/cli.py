@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Callable, Sequence
 
 from metricsearch.app.index_commands import add_index_commands
 from metricsearch.errors import MetricsearchError
+from metricsearch.models.device import DEVICES
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that shows an option's default only where it has one and the help text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.default in (None, False, argparse.SUPPRESS)
+                or "default" in text):
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 TRAIN_EXTRA_HINT = "needs the `train` extra (torch, torchvision, onnx): pip install 'metricsearch[train]'"
+REPORT_EXTRA_HINT = "--report needs the `report` extra (matplotlib, scikit-learn): pip install 'metricsearch[report]'"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from metricsearch.train import load_config, train
+    from metricsearch.train import RunExistsError, load_config, train
 
     overrides = list(args.set or [])
     for key in ("device", "name", "output_dir", "epochs"):
@@ -23,8 +37,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
             overrides.append(f"{key}={getattr(args, key)}")
     if args.pretrained is not None:
         overrides.append(f"model.pretrained={args.pretrained}")
-    result = train(load_config(args.config, overrides), resume=args.resume, overwrite=args.overwrite,
-                   progress=not args.quiet, stop_after_epoch=args.stop_after_epoch)
+    try:
+        result = train(load_config(args.config, overrides), resume=args.resume, overwrite=args.overwrite,
+                       progress=not args.quiet, stop_after_epoch=args.stop_after_epoch)
+    except RunExistsError as exc:
+        raise FileExistsError(f"{exc.run_dir} already holds a run; pass --resume to continue it, --overwrite to "
+                              "replace it, or --set name=OTHER for a new run") from None
     if result.is_main:  # under torchrun, rank 0 speaks for the run
         summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
                    "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
@@ -40,34 +58,18 @@ def _cmd_export(args: argparse.Namespace) -> int:
         from metricsearch.train import export_pretrained
 
         report = export_pretrained(args.backbone, args.out, args.pretrained or "imagenet", images=args.dataset,
-                                   batch_size=args.batch_size, opset=args.opset, atol=args.atol)
+                                   batch_size=args.batch_size, opset=args.opset, atol=args.atol,
+                                   overwrite=args.overwrite)
     else:
         from metricsearch.train import export_onnx
 
         if args.pretrained is not None:
             raise ValueError("--pretrained goes with --backbone; a checkpoint has its own weights")
         report = export_onnx(args.checkpoint, args.out, dataset=args.dataset, batch_size=args.batch_size,
-                             opset=args.opset, atol=args.atol)
+                             opset=args.opset, atol=args.atol, overwrite=args.overwrite)
     print(json.dumps({"onnx": str(report.path), "max_abs_diff": report.max_abs_diff,
                       "parity_batch": report.batch_size, "embedding_dim": report.embedding_dim}))
     return 0
-
-
-def format_metrics(result: dict) -> str:
-    """An evaluation result as aligned text lines: Recall@K, NMI, MAP@R, queries, one-shot accuracy."""
-    lines = [f"Recall@{k:<5} {v:.4f}" for k, v in result["recall_at_k"].items()]
-    if result["nmi"] is not None:
-        lines.append(f"NMI          {result['nmi']:.4f}")
-    lines += [f"MAP@R        {result['map_at_r']:.4f}", f"queries      {result['n_queries']}"]
-    for key in (k for k in result if k.startswith(("one_shot", "recall_at_10_vs"))):
-        value = result[key]
-        if isinstance(value, dict):  # a protocol's error and its 95% confidence interval
-            low, high = value["ci95"]
-            lines.append(f"{key:<12} error {value['error']:.4f} (95% CI {low:.4f}-{high:.4f}, "
-                         f"{value['episodes']} episodes)")
-        else:
-            lines.append(f"{key:<12} {value:.4f}")
-    return "\n".join(lines)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -76,7 +78,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.db is not None:
         from metricsearch.index import evaluate_gallery
 
-        result = evaluate_gallery(args.db, recall_k=args.recall_k, with_nmi=not args.no_nmi, device=args.device)
+        result = evaluate_gallery(args.db, recall_k=args.recall_k, with_nmi=not args.no_nmi, device=args.device,
+                                  report=args.report)
     else:
         from metricsearch.evaluation import evaluate_model
         from metricsearch.models import open_embedder
@@ -86,12 +89,16 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
             recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
             one_shot_protocol=args.one_shot_protocol,
-            batch_size=args.batch_size, progress=not args.json,
+            batch_size=args.batch_size, progress=not args.json, report=args.report,
         )
     if args.json:
         print(json.dumps(result))
     else:
+        from metricsearch.evaluation import format_metrics
+
         print(format_metrics(result))
+    if args.report:
+        print(f"report: {args.report}/report.html", file=sys.stderr)
     return 0
 
 
@@ -106,12 +113,14 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 def _print_registry(title: str, registry, hidden: tuple[str, ...] = ()) -> None:
     import inspect
 
+    from metricsearch.train.context import CONTEXT_KEYS
+
     print(f"{title}:")
     for name in registry.names():
         params = ", ".join(
             f"{k}={v!r}" if v is not inspect.Parameter.empty else k
             for k, v in registry.parameters(name).items()
-            if k not in ("labels", "class_counts", "num_classes", "num_images", "sampler", *hidden)
+            if k not in (*CONTEXT_KEYS, *hidden)
         )
         print(f"  {name:<22} {registry.describe(name)}")
         if params:
@@ -157,7 +166,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     serve(args.db, args.host, args.port, auth=parse_auth(args.auth, args.auth_file),
           max_upload_mb=args.max_upload_mb, concurrency=args.concurrency,
-          max_pixels=int(args.max_megapixels * 1_000_000))
+          max_pixels=args.max_megapixels * 1_000_000)
     return 0
 
 
@@ -170,7 +179,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     parser = argparse.ArgumentParser(
         prog="metricsearch", formatter_class=fmt,
         description="Train an image embedding with deep metric learning, export it to ONNX, evaluate it, "
@@ -185,13 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("train", _cmd_train, "Train an embedder from a YAML config; writes OUTPUT_DIR/NAME/ "
             "(config.yaml, metrics.jsonl, last.pt, best.pt, training.png).")
-    p.add_argument("--config", help="YAML config (see configs/); without it the built-in digits default runs")
+    p.add_argument("--config", help="a YAML config file, or the name of a packaged one (digits, omniglot, cub200, "
+                   "cars196, sop, inshop); without it the digits recipe runs")
     p.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                    help="override config values, dotted keys, YAML values, applied in order (e.g. --set "
                         "sampler.name=p_random sampler.p=0.1 weighting.name=importance); repeatable")
     p.add_argument("--resume", action="store_true", help="continue the run from its last.pt")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run of the same name")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where to train (config key device)")
+    p.add_argument("--device", choices=DEVICES, help="where to train (config key device)")
     p.add_argument("--name", help="run name (config key name)")
     p.add_argument("--output-dir", dest="output_dir", help="parent folder of runs (config key output_dir)")
     p.add_argument("--epochs", type=int, help="number of epochs (config key epochs)")
@@ -205,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
             "training (--backbone), to ONNX (dynamic batch, preprocessing in the metadata) and check "
             "torch/onnxruntime parity on a batch.")
     p.add_argument("checkpoint", nargs="?", help="run directory (uses best.pt, else last.pt) or a checkpoint file")
-    p.add_argument("--out", required=True, help="path of the .onnx file to write")
+    p.add_argument("--out", required=True, help="path of the .onnx file to write (its folder must exist)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--backbone", help="instead of a checkpoint: a backbone (efficientnet_lite0, resnet50, "
                    "timm:NAME, ...) whose pooled, L2-normalised features are the embedding, with its own preprocessing")
     p.add_argument("--pretrained", help="with --backbone: `imagenet` (the default) or a state dict file")
@@ -233,11 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "1000 episodes of this protocol; within_alphabet = the official Omniglot protocol (one "
                    "alphabet per episode, support and query by different drawers)")
     p.add_argument("--batch-size", type=int, default=256, help="images per inference batch")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="onnxruntime device")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="onnxruntime device")
     p.add_argument("--pixels-size", type=int, default=28, help="side of the resized image for --model pixels")
     p.add_argument("--pixels-channels", type=int, default=1, choices=[1, 3], help="channels for --model pixels")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: recall_at_k, nmi, map_at_r, n_queries")
+    p.add_argument("--report", metavar="DIR", help="also write where the model fails into DIR: worst.png, classes.csv, "
+                   "classes.png, confusions.csv, map.png (t-SNE) and report.html (needs the `report` extra)")
 
     add_index_commands(sub, add)
     add("datasets", _cmd_datasets, "List the data set adapters and their spec strings.")
@@ -270,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", _cmd_demo, "The whole chain, offline: train, export to ONNX, index the test classes, "
             "print the evaluation and a sample search, then serve the page. A second run reuses what is there.")
-    p.add_argument("--dataset", default="digits", help="data set spec (e.g. omniglot:../shared/data/omniglot)")
+    p.add_argument("--dataset", default="omniglot", help="data set spec: omniglot (embedded, the default), digits, "
+                   "omniglot:PATH, ...")
     p.add_argument("--workdir", default="metricsearch-demo", help="folder for the run, model and gallery")
     p.add_argument("--no-serve", action="store_true", help="stop after the printout (for CI and scripts)")
     _add_address(p)
@@ -287,11 +301,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prefix = " ".join(["metricsearch", args.command] + ([args.index_command] if args.command == "index" else []))
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that stopped reading (`| head`) is not an error
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more reaches the closed pipe
+        return 141  # as a shell reports a command ended by SIGPIPE
     except ModuleNotFoundError as exc:
-        if exc.name not in ("torch", "torchvision", "onnx", "matplotlib"):
+        if exc.name not in ("torch", "torchvision", "onnx", "matplotlib", "sklearn"):
             raise
-        print(f"{prefix}: error: {prefix} {TRAIN_EXTRA_HINT}", file=sys.stderr)
+        hint = REPORT_EXTRA_HINT if getattr(args, "report", None) else TRAIN_EXTRA_HINT
+        print(f"{prefix}: error: {prefix} {hint}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:
         print(f"{prefix}: error: {exc}", file=sys.stderr)

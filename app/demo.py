@@ -1,5 +1,7 @@
 """`metricsearch demo`: the whole chain on one data set, offline: train, export, index, evaluate, search, serve.
 
+The default data set is Omniglot's two minimal background sets, embedded in the package: 4 alphabets
+train, the 4 others are held out, indexed and evaluated, the trained model side by side with raw pixels.
 Everything goes under one work folder (run/, model.onnx, gallery/, demo.json); a second run
 reuses each finished step and says so.
 """
@@ -7,6 +9,7 @@ reuses each finished step and says so.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -14,12 +17,18 @@ from typing import Any, Callable
 import metricsearch
 
 STATE_FILE = "demo.json"
+OFF_THE_SHELF = "off-the-shelf.onnx"
 CONFIGS = Path(metricsearch.__file__).resolve().parent / "configs"
+#: the embedded default: Omniglot's minimal background sets, trained with configs/demo.yaml
+DEFAULT_DATASET = "omniglot"
+#: the one-shot episodes printed where the test images have alphabets (Omniglot), see evaluation.oneshot
+ONE_SHOT_WAYS, ONE_SHOT_PROTOCOL = 20, "within_alphabet"
 
 
 @dataclass
 class DemoResult:
-    """What a demo made and measured: paths, the test-split metrics, a sample search, the reused steps."""
+    """What a demo made and measured: paths, the test-split metrics ({"trained": ..., "pixels": ...}),
+    a sample search, the reused steps."""
 
     workdir: Path
     run_dir: Path
@@ -55,11 +64,11 @@ class _State:
 
 
 def demo_config(dataset: str, workdir: Path) -> dict[str, Any]:
-    """The training config for `dataset`: configs/NAME.yaml when there is one, else the digits recipe;
-    always with the data set's test classes held out."""
+    """The training config for `dataset`: configs/demo.yaml for the embedded default, else configs/NAME.yaml
+    when there is one, else the digits recipe; always with the data set's test classes held out."""
     from metricsearch.train import load_config
 
-    recipe = CONFIGS / f"{dataset.partition(':')[0]}.yaml"
+    recipe = CONFIGS / ("demo.yaml" if dataset == DEFAULT_DATASET else f"{dataset.partition(':')[0]}.yaml")
     config = load_config(recipe if recipe.is_file() else None)
     # the test classes stay out of training even where the recipe is a final fit (split: all):
     # the demo indexes them and evaluates on them
@@ -67,10 +76,11 @@ def demo_config(dataset: str, workdir: Path) -> dict[str, Any]:
     return config
 
 
-def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo", *, serve: bool = True,
+def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch-demo", *, serve: bool = True,
              host: str = "127.0.0.1", port: int = 7860, log: Callable[[str], None] = print) -> DemoResult:
-    """Train, export, index the test classes, evaluate, search once, then (with `serve`) serve the page."""
-    from metricsearch.index import build_gallery, evaluate_gallery
+    """Train, export, index the test classes, evaluate the model and raw pixels on them, search once, then
+    (with `serve`) serve the page, or (without) print the command that serves it."""
+    from metricsearch.index import build_gallery
 
     workdir = Path(workdir)
     state = _State(workdir, dataset)
@@ -95,23 +105,39 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
         resume = (run_dir / "last.pt").is_file()  # a run cut short goes on where it stopped
         result = train(demo_config(dataset, workdir), resume=resume, overwrite=not resume, progress=True)
         state.finish("train", {"best_recall_at_1": result.best_recall_at_1, "epochs": result.epochs})
-    if not reuse(2, "export", state.done("export", model), f"the model {model} {again}"):
+    exported = state.done("export", model)
+    source = f", exported from {exported['checkpoint']}," if exported and "checkpoint" in exported else ""
+    if not reuse(2, "export", exported, f"the model {model}{source} {again}"):
         from metricsearch.train import export_onnx
 
-        log(f"[2/5] export: {model}")
-        state.finish("export", {"max_abs_diff": export_onnx(run_dir, model).max_abs_diff})
+        checkpoint, why = _exported_checkpoint(run_dir)
+        log(f"[2/5] export: {checkpoint} -> {model}\n      {checkpoint.name}: {why}")
+        state.finish("export", {"checkpoint": str(checkpoint), "why": why,
+                                "max_abs_diff": export_onnx(checkpoint, model, overwrite=True).max_abs_diff})
     if not reuse(3, "index", state.done("index", db), f"the gallery {db} {again}"):
         log(f"[3/5] index: the test classes of {dataset} into {db}")
         new_model = len(ran) > 1  # a new model makes a new gallery; else a build cut short goes on
         summary = build_gallery(model, dataset, db, split="test", resume=not new_model and db.exists(),
                                 overwrite=new_model)
+        photos = grocery_specs(dataset)
+        if photos is not None:
+            summary = _add_catalogue(db, photos["catalogue"], summary, log)
         state.finish("index", {"count": summary.count, "failed": summary.failed, "index": summary.index})
     metrics = state.done("evaluate", state.path)
+    metrics = metrics if metrics is None or "pixels" in metrics else None  # a folder from before the comparison
     if not reuse(4, "evaluate", metrics, f"the evaluation saved in {state.path}"):
-        log(f"[4/5] evaluate: every item of {db} searches the others through the index")
-        metrics = evaluate_gallery(db)
+        log(f"[4/5] evaluate: the trained model and raw pixels on the test images indexed in {db}")
+        metrics = compare_with_pixels(dataset, model)
         state.finish("evaluate", metrics)
-    log(_format_metrics(metrics))
+    log(format_comparison(metrics))
+    photos = grocery_specs(dataset)
+    if photos is not None:
+        compared = state.done("compare", workdir / OFF_THE_SHELF)
+        if compared is None or ran:
+            compared = compare_with_off_the_shelf(photos, model, workdir / OFF_THE_SHELF,
+                                                  demo_config(dataset, workdir)["model"]["backbone"])
+            state.finish("compare", compared)
+        log(format_photo_comparison(compared))
     sample, examples = _sample_search(dataset, db, log)
     result = DemoResult(workdir, run_dir, model, db, metrics, sample, reused)
     if serve:
@@ -119,17 +145,58 @@ def run_demo(dataset: str = "digits", workdir: str | Path = "metricsearch-demo",
 
         log(f"[5/5] serve: {db}")
         serve_page(db, host, port, examples=examples, log=log)
+    else:
+        log(f"serve this gallery with:\n  metricsearch serve --db {shlex.quote(str(db))}")
     return result
 
 
-def _format_metrics(metrics: dict[str, Any]) -> str:
-    from metricsearch.app.cli import format_metrics
+def _exported_checkpoint(run_dir: Path) -> tuple[Path, str]:
+    """The checkpoint the demo exports (best.pt, else last.pt) and why, from the run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evaluated = [row for row in rows if row.get("recall_at_k")]
+    if not evaluated or not (run_dir / "best.pt").is_file():
+        return run_dir / "last.pt", f"the last epoch ({len(rows)}); no epoch was evaluated on the held-out classes"
+    best = max(evaluated, key=lambda row: row["recall_at_k"]["1"])  # the first of equals, as the trainer keeps
+    last = "; it is also the last epoch" if best["epoch"] == len(rows) else f"; last.pt holds the last, {len(rows)}"
+    return run_dir / "best.pt", (f"epoch {best['epoch']} of {len(rows)}, the evaluated epoch with the best Recall@1 "
+                                 f"on the held-out classes ({best['recall_at_k']['1']:.4f}){last}")
 
-    return "evaluation on the test classes (each gallery item queries the others):\n" + format_metrics(metrics)
+
+def compare_with_pixels(dataset: str, model: Path) -> dict[str, dict[str, Any]]:
+    """Recall@K, NMI, MAP@R (and the 20-way one-shot error where the images have alphabets) of the exported
+    `model` and of raw pixels at its input size, measured the same way on the data set's test images."""
+    from metricsearch.data import load_split
+    from metricsearch.evaluation import evaluate_split
+    from metricsearch.models import OnnxEmbedder, PixelEmbedder
+
+    split = load_split(dataset)
+    trained = OnnxEmbedder(model)
+    pixels = PixelEmbedder(trained.preprocessing.size, trained.preprocessing.channels)
+    ways = ONE_SHOT_WAYS if split.test.groups is not None else None
+    return {name: evaluate_split(embedder.embed_set, split, one_shot_ways=ways,
+                                 one_shot_protocol=ONE_SHOT_PROTOCOL if ways else None)
+            for name, embedder in (("trained", trained), ("pixels", pixels))}
+
+
+def format_comparison(metrics: dict[str, dict[str, Any]]) -> str:
+    """The trained model's metrics beside the raw pixels', one metric a line."""
+    trained, pixels = metrics["trained"], metrics["pixels"]
+    rows = [(f"Recall@{k}", v, pixels["recall_at_k"][k]) for k, v in trained["recall_at_k"].items()]
+    rows += [("NMI", trained["nmi"], pixels["nmi"]), ("MAP@R", trained["map_at_r"], pixels["map_at_r"])]
+    one_shot = f"one_shot_{ONE_SHOT_WAYS}way_{ONE_SHOT_PROTOCOL}"
+    if one_shot in trained:
+        rows.append((f"{ONE_SHOT_WAYS}-way one-shot error, {ONE_SHOT_PROTOCOL.replace('_', ' ')} (lower is better)",
+                     trained[one_shot]["error"], pixels[one_shot]["error"]))
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"evaluation on the {trained['n_queries']} test images (classes held out of training; each image "
+             "queries the others):", f"  {'':<{width}} {'trained':>8} {'pixels':>8}"]
+    lines += [f"  {name:<{width}} {t:>8.4f} {p:>8.4f}" for name, t, p in rows]
+    return "\n".join(lines)
 
 
 def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 5) -> tuple[list[dict], list]:
-    """Searches with the first test image of each class (printed); those images are the page's examples."""
+    """Searches with the first test image of each of the first 8 test classes (printed); those images are the
+    page's examples."""
     from metricsearch.data import load_split
     from metricsearch.index import Gallery
 
@@ -143,9 +210,67 @@ def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 
         found = gallery.search(examples, k)
     sample = [{"query_label": test.class_names[label], "hits": [h.to_dict() for h in hits]}
               for (label, _), hits in zip(rows, found)]
-    lines = [f"sample searches: the first test image of each class and its {k} nearest (label score #id); "
+    which = "each test class" if len(rows) == len(first) else f"the first {len(rows)} of the {len(first)} test classes"
+    lines = [f"sample searches: the first test image of {which} and its {k} nearest (label score #id); "
              "the image itself is in the gallery, so it comes first:"]
     lines += [f"  {row['query_label']:>8}: " + " | ".join(f"{h['label']} {h['score']:.3f} #{h['id']}" for h in row["hits"])
               for row in sample]
     log("\n".join(lines))
     return sample, examples
+
+
+def grocery_specs(dataset: str) -> dict[str, str] | None:
+    """For a `grocery:PATH[#halfN]` demo, the held-out half's specs: query photos (test list), photo gallery
+    (train+val lists) and catalogue images; None for other data sets."""
+    from metricsearch.data.grocery import HALVES, parse
+
+    name, _, rest = dataset.partition(":")
+    if name != "grocery":
+        return None
+    root, selection = parse(Path(rest))
+    base, half = f"grocery:{root}", selection.half or HALVES[1]
+    return {"query": f"{base}#test,{half}", "gallery": f"{base}#train+val,{half}",
+            "catalogue": f"{base}#catalogue,{half}"}
+
+
+def _add_catalogue(db: Path, catalogue: str, summary: Any, log: Callable[[str], None]) -> Any:
+    """Index the held-out classes' catalogue images beside their photos; the build summary with them counted."""
+    from dataclasses import replace
+
+    from metricsearch.index import add_images
+
+    added = add_images(db, catalogue)
+    log(f"      + {added.indexed} catalogue images of the held-out classes")
+    return replace(summary, count=added.count, failed=summary.failed + added.failed)
+
+
+def compare_with_off_the_shelf(photos: dict[str, str], model: Path, baseline: Path, backbone: str) -> dict[str, Any]:
+    """Photo -> photo Recall@1 and MAP@R, photo -> catalogue accuracy@1 on the held-out classes, of the
+    backbone's off-the-shelf ImageNet features (exported to `baseline`) and of the fine-tuned `model`."""
+    from metricsearch.evaluation import evaluate_model
+    from metricsearch.models import OnnxEmbedder
+    from metricsearch.train import export_pretrained
+
+    if not baseline.is_file():
+        export_pretrained(backbone, baseline, images=photos["query"])
+    figures: dict[str, Any] = {}
+    for name, path in (("off-the-shelf", baseline), ("fine-tuned", model)):
+        embedder = OnnxEmbedder(path)
+        photo = evaluate_model(embedder, query=photos["query"], gallery=photos["gallery"], recall_k=(1,),
+                               with_nmi=False)
+        shop = evaluate_model(embedder, query=photos["query"], gallery=photos["catalogue"], recall_k=(1,),
+                              with_nmi=False)
+        figures[name] = {"photo_recall_at_1": photo["recall_at_k"][1], "photo_map_at_r": photo["map_at_r"],
+                         "catalogue_accuracy_at_1": shop["recall_at_k"][1]}
+    return figures
+
+
+def format_photo_comparison(figures: dict[str, Any]) -> str:
+    """The off-the-shelf and fine-tuned figures side by side."""
+    rows = (("photo -> photo Recall@1", "photo_recall_at_1"), ("photo -> photo MAP@R", "photo_map_at_r"),
+            ("photo -> catalogue accuracy@1", "catalogue_accuracy_at_1"))
+    lines = ["held-out classes: off-the-shelf ImageNet features vs fine-tuned",
+             f"  {'':30} {'off-the-shelf':>13} {'fine-tuned':>10}"]
+    lines += [f"  {label:30} {figures['off-the-shelf'][key]:13.3f} {figures['fine-tuned'][key]:10.3f}"
+              for label, key in rows]
+    return "\n".join(lines)

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Callable
 
+from metricsearch.models.device import DEVICES
+
 DEVICE_HELP = "auto: CUDA for onnxruntime and GPUs for faiss when they are there; cpu or cuda to force"
 
 
@@ -100,6 +102,23 @@ def _rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
+def _duplicates(args: argparse.Namespace) -> int:
+    from metricsearch.index import draw_duplicates, find_duplicates
+
+    groups = find_duplicates(args.db, args.threshold)
+    if args.report:
+        print(f"report: {draw_duplicates(args.db, groups, args.report)}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(groups))
+        return 0
+    for n, group in enumerate(groups, start=1):
+        print(f"group {n}: {group['size']} items, lowest similarity {group['min_similarity']}")
+        for item in group["items"]:
+            print(f"  id {item['id']:<8} label {item['label']}  {item['path']}")
+    print(f"{len(groups)} group(s) of near-duplicates at cosine >= {args.threshold}")
+    return 0
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     """`metricsearch search`: the nearest gallery items of one query image."""
     from metricsearch.index import Gallery
@@ -116,14 +135,13 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None:
     """Register `index` (with its sub-commands) and `search` on the top-level sub-parsers."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
     index = add("index", lambda args: args.index_func(args),
                 "Build and maintain a searchable gallery (LMDB + faiss) of a model's embeddings of your images.")
     inner = index.add_subparsers(dest="index_command", required=True, metavar="INDEX_COMMAND",
                                  help="build, add, remove, info, verify or rebuild (each has --help)")
 
     def sub_add(name: str, func, help_text: str) -> argparse.ArgumentParser:
-        p = inner.add_parser(name, help=help_text, description=help_text, formatter_class=fmt)
+        p = inner.add_parser(name, help=help_text, description=help_text, formatter_class=index.formatter_class)
         p.set_defaults(index_func=func)
         p.add_argument("--db", required=True, help="the gallery folder")
         return p
@@ -134,7 +152,7 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
         p.add_argument("--split", choices=["train", "test"], help="only this part of a split spec (default: all)")
         p.add_argument("--batch", type=int, default=256, help="images per inference batch and per LMDB transaction")
         p.add_argument("--workers", type=int, help="decoding threads (default: one per core, at most 8)")
-        p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)
+        p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
         p.add_argument("--json", action="store_true", help="print the summary as one JSON object, no progress bar")
         p.add_argument("--engine", choices=["local", "ray"], default="local", help="where images are read and "
                        "embedded: local threads, or a Ray cluster (needs the `scale` extra); one writer here either way")
@@ -170,7 +188,7 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
                              ("rebuild", _rebuild, "Build the faiss index again from the stored embeddings (drops "
                               "removed ids an HNSW index still holds; --index changes its type).")):
         p = sub_add(name, func, text)
-        p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)
+        p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
         p.add_argument("--json", action="store_true", help="print one JSON object (keys include count, dim, index_type)")
         if name == "rebuild":
             p.add_argument("--index", help="index type for the new index (default: the one asked for at build)")
@@ -179,11 +197,18 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
                 "stored fingerprint; exits 1 and says what disagrees otherwise.")
     p.add_argument("--json", action="store_true", help="print {ok, problems, notes, count, ...} as JSON")
 
+    p = sub_add("duplicates", _duplicates, "Groups of near-duplicate items (resized, re-encoded, cropped or lightly "
+                "edited copies): pairs at cosine similarity >= --threshold, joined transitively, largest group first.")
+    p.add_argument("--threshold", type=float, default=0.95, help="lowest cosine similarity of a duplicate pair")
+    p.add_argument("--json", action="store_true", help='print a JSON list of {"size", "min_similarity", "items": '
+                   '[{"id", "label", "path"}]}')
+    p.add_argument("--report", metavar="DIR", help="also draw each group's thumbnails into DIR/duplicates.png")
+
     p = add("search", cmd_search, "Search a gallery with one image: its nearest items, nearest first.")
     p.add_argument("--db", required=True, help="the gallery folder")
     p.add_argument("--image", required=True, help="the query image file")
     p.add_argument("-k", type=int, default=10, help="how many items to return (at most the gallery's item count)")
     p.add_argument("--label", help="only items with this label")
     p.add_argument("--model", help="refuse unless this .onnx file is the gallery's model")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help=DEVICE_HELP)
+    p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     p.add_argument("--json", action="store_true", help='print a JSON list of {"id", "score", "label", "path"}')

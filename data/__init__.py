@@ -20,7 +20,8 @@ __all__ = ["DEFAULT_MAX_PIXELS", "SPLITS", "SPLIT_MODES", "DataSplit", "ImageSet
 _DESCRIPTIONS: dict[str, str] = {
     "digits": "scikit-learn's bundled 8x8 digits, 0-4 train / 5-9 test (offline, the default)",
     "folder": "one sub-folder per class; PATH/train + PATH/test, or --split-classes F",
-    "omniglot": "Omniglot zips or folders: background alphabets train, evaluation test",
+    "omniglot": "Omniglot zips or folders: background alphabets train, evaluation test; plain `omniglot`: "
+                "the two minimal background sets that ship inside the package (offline, the demo's default)",
     "cub200": "CUB-200-2011 birds: classes 1-100 train, 101-200 test",
     "cars196": "Stanford Cars196 (cars_annos.mat): classes 1-98 train, 99-196 test",
     "sop": "Stanford Online Products: Ebay_train.txt / Ebay_test.txt",
@@ -59,6 +60,8 @@ def _parse(spec: str) -> tuple[str, Path | None]:
         if sep:
             raise ValueError(f"{name} takes no path: write {name!r}, not {spec!r}")
         return name, None
+    if name == "omniglot" and not sep:
+        return name, omniglot.EMBEDDED
     if not raw.strip():
         raise ValueError(f"{name} needs a path: write {_usage(name)} (got {spec!r})")
     return name, Path(raw.strip()).expanduser()
@@ -79,7 +82,7 @@ def _load_split(spec: str, download: bool, split_classes: float | None) -> DataS
                          "(metricsearch index build --images SPEC), or give a folder:PATH of class sub-folders")
     if name == "folder":
         if download:
-            raise ValueError("folder: data sets cannot be downloaded; drop --download")
+            raise ValueError("folder: data sets cannot be downloaded; drop download: true from the config")
         return folder.load(root, split_classes)
     if split_classes is not None:
         raise ValueError(f"{name} has a fixed class split; --split-classes applies to folder:PATH only")

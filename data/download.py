@@ -1,4 +1,4 @@
-"""Downloading the public data sets into the folder a spec names (only when asked with --download)."""
+"""Downloading the public data sets into the folder a spec names (only when a training config sets download: true)."""
 
 from __future__ import annotations
 

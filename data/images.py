@@ -36,9 +36,7 @@ def _opened(source: ImageSource) -> Image.Image:
 def to_mode(image: Image.Image, mode: str | None) -> Image.Image:
     """The image in PIL `mode` (None: RGB or L as it is), 16-bit scaled, transparency on white."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        arr = np.asarray(image, dtype=np.float64)
-        peak = 65535.0 if image.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        image = Image.fromarray(np.clip(arr * (255.0 / peak), 0, 255).round().astype(np.uint8), "L")
+        image = _to_8bit(image)
     elif image.mode == "F":
         image = Image.fromarray(np.clip(np.asarray(image), 0, 255).astype(np.uint8), "L")
     if image.mode == "P" and "transparency" in image.info or image.mode in ("PA", "LA", "RGBA", "La", "RGBa"):
@@ -46,6 +44,18 @@ def to_mode(image: Image.Image, mode: str | None) -> Image.Image:
         image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     target = mode or ("L" if image.mode in ("1", "L") else "RGB")
     return image if image.mode == target else image.convert(target)
+
+
+def _to_8bit(image: Image.Image, rows_per_step: int = 256) -> Image.Image:
+    """A 16- or 32-bit integer image as 8-bit L, rounded from 0..65535 (or 0..255 when every value fits),
+    a few rows at a time: no full-size copy wider than the image's own pixels."""
+    arr = np.asarray(image)
+    peak = 65535 if image.mode.startswith("I;16") or arr.max() > 255 else 255
+    out = np.empty(arr.shape, np.uint8)
+    for top in range(0, arr.shape[0], rows_per_step):
+        rows = np.clip(arr[top:top + rows_per_step], 0, peak).astype(np.int64)
+        out[top:top + rows_per_step] = (rows * 255 + peak // 2) // peak  # round(value * 255 / peak)
+    return Image.fromarray(out, "L")
 
 
 def _draft(image: Image.Image, shorter: int, longer: int) -> None:

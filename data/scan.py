@@ -74,13 +74,14 @@ def scan_class_folders(root: Path, check: bool = True) -> tuple[list[Path], list
 def find_root(path: Path, marker: str, what: str) -> Path:
     """`path` or its sub-folder that contains the file `marker`; FileNotFoundError if neither does."""
     if not path.is_dir():
-        raise FileNotFoundError(f"{what}: folder {path} does not exist (check the path, or pass --download)")
+        raise FileNotFoundError(f"{what}: folder {path} does not exist (check the path, or fetch it: "
+                                "metricsearch train --set download=true)")
     for candidate in [path, *class_folders(path)]:
         if (candidate / marker).is_file():
             return candidate
     raise FileNotFoundError(
         f"{what}: {marker} not found in {path} or its sub-folders; point the spec at the extracted "
-        "data set folder (or pass --download)"
+        "data set folder (or fetch it: metricsearch train --set download=true)"
     )
 
 

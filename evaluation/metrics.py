@@ -6,6 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+#: the K of Recall@K where neither the caller nor the data set names them
+RECALL_K: tuple[int, ...] = (1, 2, 4, 8)
+
 
 def sq_distances(q: np.ndarray, g: np.ndarray) -> np.ndarray:
     """Squared Euclidean distances, len(q) x len(g), float32."""
@@ -34,7 +37,7 @@ def retrieval_metrics(
     query_labels: np.ndarray,
     gallery: np.ndarray | None = None,
     gallery_labels: np.ndarray | None = None,
-    recall_k: Sequence[int] = (1, 2, 4, 8),
+    recall_k: Sequence[int] = RECALL_K,
     block_size: int = 1024,
 ) -> dict[str, Any]:
     """Recall@K and MAP@R of queries against a gallery (the queries themselves when gallery is None).
@@ -74,12 +77,16 @@ def _ranked_sums(relevant: np.ndarray, r: np.ndarray, ks: Sequence[int]) -> tupl
     """Per K the queries with a relevant item among their first K, and the sum of AP@R, over the
     queries (rows of `relevant`) that have R = r > 0 relevant items."""
     keep = r > 0
-    ranks = np.arange(1, relevant.shape[1] + 1)
     hits = np.array([(relevant[:, :k].any(axis=1) & keep).sum() for k in ks], dtype=np.float64)
+    return hits, float(average_precision_at_r(relevant, r)[keep].sum())
+
+
+def average_precision_at_r(relevant: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """AP@R of each query (row of `relevant`, ranked neighbours) with R = r relevant items (0 where r = 0)."""
+    ranks = np.arange(1, relevant.shape[1] + 1)
     rb = np.maximum(r, 1)
     relf = (relevant & (ranks[None, :] <= rb[:, None])).astype(np.float64)
-    ap = (relf.cumsum(axis=1) / ranks[None, :] * relf).sum(axis=1) / rb
-    return hits, float(ap[keep].sum())
+    return (relf.cumsum(axis=1) / ranks[None, :] * relf).sum(axis=1) / rb
 
 
 def _summary(ks: Sequence[int], hits_at_k: np.ndarray, ap_sum: float, n: int) -> dict[str, Any]:
@@ -135,7 +142,7 @@ def evaluate(
     query_labels: np.ndarray,
     gallery: np.ndarray | None = None,
     gallery_labels: np.ndarray | None = None,
-    recall_k: Sequence[int] = (1, 2, 4, 8),
+    recall_k: Sequence[int] = RECALL_K,
     with_nmi: bool = True,
     one_shot_ways: int | None = None,
     one_shot_protocol: str | None = None,

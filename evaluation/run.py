@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from metricsearch.data import DataSplit, ImageSet, load_query_gallery, load_split
+from metricsearch.data.base import RECALL_K_INSHOP
 from metricsearch.evaluation.metrics import evaluate
 
 #: Recall@K list for query/gallery evaluation (In-Shop style)
-RECALL_K_QUERY_GALLERY: tuple[int, ...] = (1, 10, 20, 30, 40, 50)
+#: Recall@K of queries against a separate gallery, as In-Shop's protocol reports it
+RECALL_K_QUERY_GALLERY = RECALL_K_INSHOP
 
 
 class SetEmbedder(Protocol):
@@ -21,6 +24,17 @@ class SetEmbedder(Protocol):
         """Embeddings (N x dim float32) of every image, in order."""
 
 
+def _reported(result: dict[str, Any], report: str | Path | None, query: ImageSet, q: np.ndarray,
+              gallery: ImageSet | None = None, g: np.ndarray | None = None) -> dict[str, Any]:
+    """`result`, after writing the report of these embeddings into `report` when it is given."""
+    if report is not None:
+        from metricsearch.evaluation.report import ReportSet, write_report
+
+        write_report(report, result, query.class_names, ReportSet(q, query.labels, query.load),
+                            None if gallery is None else ReportSet(g, gallery.labels, gallery.load))
+    return result
+
+
 def evaluate_split(
     embed: Callable[[ImageSet], np.ndarray],
     split: DataSplit,
@@ -28,17 +42,22 @@ def evaluate_split(
     with_nmi: bool = True,
     one_shot_ways: int | None = None,
     one_shot_protocol: str | None = None,
+    report: str | Path | None = None,
 ) -> dict[str, Any]:
     """`evaluate` of an embedding function on a split's test classes: its queries against its
     gallery where it has them (In-Shop), else every test image against the others (and one-shot
-    episodes of `one_shot_protocol` over the test images' groups and sources, see evaluation.oneshot)."""
+    episodes of `one_shot_protocol` over the test images' groups and sources, see evaluation.oneshot);
+    with `report`, also the report of where it fails (evaluation.report) in that folder."""
     recall_k = recall_k or split.recall_k
     if split.query is not None and split.gallery is not None:
-        return evaluate(embed(split.query), split.query.labels, embed(split.gallery), split.gallery.labels,
-                        recall_k, with_nmi)
+        q, g = embed(split.query), embed(split.gallery)
+        return _reported(evaluate(q, split.query.labels, g, split.gallery.labels, recall_k, with_nmi), report,
+                         split.query, q, split.gallery, g)
     test = split.test
-    return evaluate(embed(test), test.labels, recall_k=recall_k, with_nmi=with_nmi, one_shot_ways=one_shot_ways,
-                    one_shot_protocol=one_shot_protocol, groups=test.groups, sources=test.sources)
+    x = embed(test)
+    return _reported(evaluate(x, test.labels, recall_k=recall_k, with_nmi=with_nmi, one_shot_ways=one_shot_ways,
+                              one_shot_protocol=one_shot_protocol, groups=test.groups, sources=test.sources),
+                     report, test, x)
 
 
 def evaluate_model(
@@ -54,8 +73,10 @@ def evaluate_model(
     one_shot_protocol: str | None = None,
     batch_size: int = 256,
     progress: bool = False,
+    report: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Recall@K, NMI and MAP@R of `model` on a data set's test classes, or of query specs against a gallery spec."""
+    """Recall@K, NMI and MAP@R of `model` on a data set's test classes, or of query specs against a gallery
+    spec; with `report`, also the report of where it fails in that folder."""
     if (query is None) != (gallery is None):
         raise ValueError("query and gallery go together: pass both, or a dataset")
     if (query is None) == (dataset is None):
@@ -65,9 +86,11 @@ def evaluate_model(
         return model.embed_set(images, batch_size=batch_size, progress=progress)
 
     if query is not None:
-        q, g = load_query_gallery(query, gallery)
-        return evaluate(embed(q), q.labels, embed(g), g.labels, recall_k or RECALL_K_QUERY_GALLERY, with_nmi)
+        qs, gs = load_query_gallery(query, gallery)
+        q, g = embed(qs), embed(gs)
+        return _reported(evaluate(q, qs.labels, g, gs.labels, recall_k or RECALL_K_QUERY_GALLERY, with_nmi), report,
+                         qs, q, gs, g)
     split = load_split(dataset, split_classes=split_classes)
     for note in split.notes:
         print(f"data: {note}", file=sys.stderr)
-    return evaluate_split(embed, split, recall_k, with_nmi, one_shot_ways, one_shot_protocol)
+    return evaluate_split(embed, split, recall_k, with_nmi, one_shot_ways, one_shot_protocol, report)

@@ -3,11 +3,13 @@ faiss index, each item querying the rest; for an approximate index also recall@1
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any, Sequence
 
 import faiss
 import numpy as np
+from PIL import Image
 
 from metricsearch.evaluation import nmi, ranked_metrics
 
@@ -19,10 +21,11 @@ EXACT_SAMPLE = 10_000  # queries checked against exact search for an approximate
 
 
 def evaluate_gallery(db: str | Path, recall_k: Sequence[int] | None = None, with_nmi: bool = True,
-                     block_size: int = 1024, device: str = "auto") -> dict[str, Any]:
+                     block_size: int = 1024, device: str = "auto", report: str | Path | None = None) -> dict[str, Any]:
     """recall_at_k, nmi, map_at_r, n_queries (the keys of every evaluate mode) of the gallery's labelled
     items searching the gallery through its index, themselves left out; plus recall_at_10_vs_exact
-    for an approximate index."""
+    for an approximate index; with `report`, also the report of where it fails (evaluation.report,
+    exact neighbours, stored thumbnails) in that folder."""
     with Gallery.open(db, device=device) as gallery:
         catalog = gallery.catalog
         ids, vectors = gallery.vectors(catalog.ids)
@@ -53,4 +56,36 @@ def evaluate_gallery(db: str | Path, recall_k: Sequence[int] | None = None, with
             _, exact = faiss.knn(np.ascontiguousarray(vectors[sample]), vectors, 11, metric=faiss.METRIC_INNER_PRODUCT)
             result["recall_at_10_vs_exact"] = round(recall_without_self(
                 found_ids[:len(sample), :10], ids[exact], ids[sample], 10), 4)
+        if report is not None:
+            from metricsearch.evaluation.report import write_report
+
+            write_report(report, result, catalog.names, _report_set(gallery, ids[labelled], vectors[labelled],
+                                                                    codes[labelled]))
         return result
+
+
+def _report_set(gallery: Gallery, ids: np.ndarray, vectors: np.ndarray, codes: np.ndarray):
+    """The evaluation.report view of some items: their vectors, label codes and stored images."""
+    from metricsearch.evaluation.report import ReportSet
+
+    return ReportSet(vectors, codes, lambda i: stored_image(gallery, int(ids[i])))
+
+
+def labelled_items(gallery: Gallery, most: int | None = None, seed: int = 0):
+    """(ReportSet of the gallery's labelled items, or of `most` of them drawn at random; the label names)."""
+    catalog = gallery.catalog
+    labelled = np.flatnonzero(catalog.codes >= 0)
+    if most is not None and len(labelled) > most:
+        labelled = np.sort(np.random.default_rng(seed).choice(labelled, most, replace=False))
+    with gallery.store.read() as txn:
+        ids, vectors = gallery.store.vectors(txn, catalog.ids[labelled])
+    return _report_set(gallery, ids, vectors, catalog.codes[labelled]), list(catalog.names)
+
+
+def stored_image(gallery: Gallery, item_id: int) -> Image.Image:
+    """An item's stored thumbnail, else its source file, else a grey square (the file has gone)."""
+    data = gallery.thumbnail(item_id)
+    try:
+        return Image.open(io.BytesIO(data) if data else gallery.item(item_id)["path"])
+    except OSError:
+        return Image.new("RGB", (32, 32), (128, 128, 128))

@@ -18,6 +18,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from metricsearch.models.device import check_device
+
 log = logging.getLogger("metricsearch.index")
 
 INDEX_DIR = "index"
@@ -34,8 +36,7 @@ PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 
 def select_device(device: str = "auto", num_gpus: int | None = None) -> str:
     """`gpu` or `cpu` for faiss: GPUs when faiss sees any (auto), or as `device` (auto|cpu|cuda) says."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    check_device(device, indexed=False)
     gpus = faiss.get_num_gpus() if num_gpus is None else num_gpus
     if device == "cuda" and gpus < 1:
         raise ValueError("device 'cuda' was asked for but faiss sees no GPU (faiss-cpu is installed, or no "
@@ -220,17 +221,21 @@ def to_cpu(index: faiss.Index) -> faiss.Index:
 
 
 def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu",
-                seed: int = 0) -> tuple[faiss.Index, np.ndarray]:
-    """An index of `vectors` under `ids`, trained on a random sample (on the GPUs with device gpu);
-    returns the CPU index and the rows of the training sample."""
+                seed: int = 0, exclude: np.ndarray | None = None) -> tuple[faiss.Index, np.ndarray]:
+    """An index of `vectors` under `ids`, trained on a random sample (on the GPUs with device gpu) of
+    the rows not in `exclude` (of all rows when the others are too few); returns the CPU index and
+    the rows of the training sample."""
     check_trainable(factory, vectors.shape[1], len(vectors))
     index = make_index(factory, vectors.shape[1])
     rows = np.zeros(0, dtype=np.int64)
     work = to_device(index, device, len(vectors))
     if not index.is_trained:
         ivf = faiss.try_extract_index_ivf(index)
-        size = min(len(vectors), TRAIN_PER_LIST * ivf.nlist if ivf is not None else 100_000)
-        rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=size, replace=False))
+        want = TRAIN_PER_LIST * ivf.nlist if ivf is not None else 100_000
+        pool = np.setdiff1d(np.arange(len(vectors)), exclude if exclude is not None else [])
+        pool = pool if len(pool) >= min(want, len(vectors)) else np.arange(len(vectors))
+        size = min(len(pool), want)
+        rows = np.sort(np.random.default_rng(seed).choice(pool, size=size, replace=False))
         try:
             work.train(np.ascontiguousarray(vectors[rows]))
         except RuntimeError as exc:
@@ -261,21 +266,41 @@ def recall_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndar
     return float(recalls_without_self(found, exact, query_ids, k).mean())
 
 
+@dataclass(frozen=True)
+class TuningQueries:
+    """Gallery vectors that query the rest during tuning, their ids, and their exact k+1 nearest ids."""
+
+    rows: np.ndarray
+    queries: np.ndarray
+    query_ids: np.ndarray
+    exact: np.ndarray
+
+
+def tuning_queries(vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | None = None, *,
+                   k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0) -> TuningQueries:
+    """Up to `n_queries` gallery vectors (from `held_out` rows, those an index was not trained on, when
+    there are enough) and their exact k+1 nearest neighbours among `vectors`."""
+    pool = held_out if held_out is not None and len(held_out) >= min(n_queries, len(vectors)) // 2 else np.arange(len(vectors))
+    rows = np.random.default_rng(seed).choice(pool, size=min(n_queries, len(pool)), replace=False)
+    queries = np.ascontiguousarray(vectors[rows])
+    _, exact_rows = faiss.knn(queries, np.ascontiguousarray(vectors), k + 1, metric=faiss.METRIC_INNER_PRODUCT)
+    return TuningQueries(rows, queries, ids[rows], np.where(exact_rows >= 0, ids[exact_rows.clip(0)], -1))
+
+
 def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | None = None, *,
-         target: float = TARGET_RECALL, k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0) -> dict:
+         target: float = TARGET_RECALL, k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0,
+         truth: TuningQueries | None = None) -> dict:
     """The smallest nprobe / efSearch whose recall@k against exact search reaches `target` (its lower
     95% bound does), on up to `n_queries` gallery vectors (from `held_out` rows, those the index was
-    not trained on, when given) searching for their neighbours, themselves left out; sets it on the
-    index and returns {"params", "recall_at_10", "recall_at_10_lower", "target", "queries", "items"}."""
+    not trained on, when given; or the queries of `truth`) searching for their neighbours, themselves
+    left out; sets it on the index and returns {"params", "recall_at_10", "recall_at_10_lower",
+    "target", "queries", "items"}."""
     info = describe(index)
     result = {"params": {}, "recall_at_10": 1.0, "target": target, "queries": 0, "items": len(vectors)}
     if info["exact"] or len(vectors) < 2:
         return result
-    pool = held_out if held_out is not None and len(held_out) >= min(n_queries, len(vectors)) // 2 else np.arange(len(vectors))
-    rows = np.random.default_rng(seed).choice(pool, size=min(n_queries, len(pool)), replace=False)
-    queries, query_ids = np.ascontiguousarray(vectors[rows]), ids[rows]
-    _, exact_rows = faiss.knn(queries, np.ascontiguousarray(vectors), k + 1, metric=faiss.METRIC_INNER_PRODUCT)
-    exact = np.where(exact_rows >= 0, ids[exact_rows.clip(0)], -1)
+    truth = truth or tuning_queries(vectors, ids, held_out, k=k, n_queries=n_queries, seed=seed)
+    rows, queries, query_ids, exact = truth.rows, truth.queries, truth.query_ids, truth.exact
 
     def recall_at(value: int | None) -> tuple[float, float]:
         """Mean recall and its lower 95% bound (mean - 2 standard errors): the bound must reach the

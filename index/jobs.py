@@ -27,9 +27,9 @@ import numpy as np
 from metricsearch.data import ImageSet, load_image_set
 from metricsearch.models import OnnxEmbedder
 
+from .autoindex import build_index
 from .faiss_files import UnusableIndex, save_index
-from .faiss_index import (INDEX_DIR, PQ_MIN, build_index, check_trainable, choose_index, describe, make_index,
-                          select_device, tune)
+from .faiss_index import INDEX_DIR, PQ_MIN, check_trainable, choose_index, describe, make_index, select_device
 from .gallery import Gallery, check_model, file_sha256
 from .layout import FORMAT_VERSION, LMDB_DIR, NotCreated, Store
 from .locks import job_lock
@@ -74,13 +74,12 @@ def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str) 
         version, generation = store.version(txn), store.meta(txn, "generation", 0)
         model, request = store.meta(txn, "model"), request or store.meta(txn, "index_request", "auto")
         ids, vectors = store.vectors(txn)
-    choice = choose_index(len(ids), int(model["dim"]), request)
-    log.info("faiss: %s for %d vectors (%s), built on %s", choice.factory, len(ids), choice.reason, faiss_device)
-    index, train_rows = build_index(vectors, ids, choice.factory, faiss_device)
-    tuning = tune(index, vectors, ids, np.setdiff1d(np.arange(len(ids)), train_rows))
+    index, report = build_index(vectors, ids, index=request, device=faiss_device)
+    log.info("faiss: %s for %d vectors (%s), built on %s", report["factory"], len(ids), report["reason"], faiss_device)
     info = describe(index)
-    header = {"version": version, "generation": generation + 1, "factory": choice.factory, "reason": choice.reason,
-              "request": request, "params": tuning.pop("params"), "tuning": tuning, "kind": info["kind"],
+    tuning = {k: report[k] for k in ("recall_at_10", "recall_at_10_lower", "target", "items") if k in report}
+    header = {"version": version, "generation": generation + 1, "factory": report["factory"], "reason": report["reason"],
+              "request": request, "params": report["params"], "tuning": tuning, "choice": report, "kind": info["kind"],
               "exact": info["exact"], "removable": info["removable"], "fingerprint": model["fingerprint"],
               "dim": int(model["dim"]), "count": len(ids), "built_on": faiss_device}
     save_index(db, index, header)

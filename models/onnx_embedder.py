@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from metricsearch.data import ImageSet
+from metricsearch.models.device import check_device
 from metricsearch.models.embed import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
@@ -22,8 +23,7 @@ log = logging.getLogger("metricsearch.models")
 
 def select_providers(available: Sequence[str], device: str = "auto") -> list[str]:
     """onnxruntime providers for `device` (auto|cpu|cuda) given the available ones, CPU always last."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    check_device(device, indexed=False)
     if device == "cuda" and "CUDAExecutionProvider" not in available:
         raise ValueError(
             "device 'cuda' was asked for but onnxruntime has no CUDAExecutionProvider "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,26 +124,65 @@ def test_inspect_loss_on_a_trained_model(digits_run, tmp_path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(600)
 def test_training_interrupted_with_ctrl_c_resumes(tmp_path) -> None:
     import signal
-    import time
 
     import torch
 
     args = [sys.executable, "-m", "metricsearch", "train", "--quiet", "--epochs", "12", "--output-dir", str(tmp_path),
             "--set", "eval.nmi=false", "batches_per_epoch=2", "model.dim=16"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    last = tmp_path / "digits" / "last.pt"
-    deadline = time.monotonic() + 120
-    while not last.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    # the trainer waits before step 5 (the first of epoch 3), however fast the machine: Ctrl-C lands there
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "METRICSEARCH_PAUSE_AT_STEP": "5"})
+    seen = []
+    while not seen or "paused before step 5" not in seen[-1]:
+        seen.append(proc.stderr.readline())
+        assert seen[-1], f"training ended before it paused: {''.join(seen)}"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "--resume" in err
-    assert 1 <= torch.load(last, weights_only=False)["epoch"] < 12
+    last = tmp_path / "digits" / "last.pt"
+    assert torch.load(last, weights_only=False)["epoch"] == 2
     done = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["epochs"] == 12
     rows = [json.loads(r) for r in (tmp_path / "digits" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == list(range(1, 13))
+
+
+def test_listing_into_a_closed_pipe_is_silent() -> None:
+    # the reader is gone before anything is written (as `metricsearch losses | head -2` once head has its lines)
+    proc = subprocess.Popen([sys.executable, "-m", "metricsearch", "losses"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == "", err
+    done = subprocess.run(f"{sys.executable} -m metricsearch losses | head -2", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.count("\n") == 2 and done.stderr == ""
+
+
+@pytest.mark.parametrize("command", [["train"], ["export"], ["evaluate"], ["serve"], ["demo"], ["index", "build"]])
+def test_help_shows_a_default_only_where_there_is_one(command) -> None:
+    done = subprocess.run([sys.executable, "-m", "metricsearch", *command, "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0
+    assert "(default: None)" not in done.stdout and "(default: False)" not in done.stdout
+    for option in " ".join(done.stdout.split()).split(" --")[1:]:
+        assert option.count("default") <= 1, option
+
+
+def test_export_refuses_to_overwrite_or_to_make_folders(digits_run, tmp_path) -> None:
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"keep")
+    export = [sys.executable, "-m", "metricsearch", "export", str(digits_run.run_dir), "--out"]
+    for target, expected in ((out, "already exists; replace it with --overwrite"),
+                             (tmp_path / "no" / "such" / "m.onnx", "does not exist; create it")):
+        done = subprocess.run([*export, str(target)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
+    assert out.read_bytes() == b"keep" and not (tmp_path / "no").exists()
+    done = subprocess.run([*export, str(out), "--overwrite"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["onnx"] == str(out) and out.stat().st_size > 1000

@@ -141,3 +141,75 @@ def test_optimizer_groups_and_schedules_by_name():
     cosine = factors({"name": "cosine", "warmup_epochs": 1, "min_factor": 0.1})
     assert cosine[:2] == [0.1, 0.2] and cosine[10] == 1.0 and cosine[-1] == pytest.approx(0.1, abs=0.01)
     assert all(a >= b for a, b in zip(cosine[10:], cosine[11:]))
+
+
+def _train(cwd, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "metricsearch", "train", "--quiet", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--set", "model.dim=abc"], "config key model.dim must be an integer >= 1, got 'abc'"),
+    (["--set", "optimizer.lr=abc"], "config key optimizer.lr must be a valid number, got 'abc'"),
+    (["--set", "loss.alpha=[1]"], "config key loss.alpha must be a valid number, got [1]"),
+    (["--set", "eval.nmi=maybe"], "config key eval.nmi must be a valid boolean, got 'maybe'"),
+    (["--set", "model.backbone_params.width=wide"], "config key model.backbone_params.width must be a valid integer"),
+    (["--set", "sampler.classes_per_batch=2.5"], "config key sampler.classes_per_batch must be a valid integer, got 2.5"),
+    (["--set", "device=gpu"], "config key device: device must be one of auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["--set", "batch_size=64"], "unknown config key batch_size; a training batch is sampler.classes_per_batch x "
+                                 "sampler.images_per_class images"),
+    (["--config", "some.png"], "config file some.png is not a YAML text file"),
+    (["--config", "nosuch"], "config file nosuch not found; give a YAML file or a packaged config name: "),
+])
+def test_a_wrong_value_or_file_exits_2_with_one_line_naming_it(args, expected, tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "some.png")
+    done = _train(tmp_path, "--output-dir", str(tmp_path / "runs"), *args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"metricsearch train: error: {expected}"), lines
+    assert not (tmp_path / "runs").exists()
+
+
+def test_batch_size_lists_the_valid_top_level_keys():
+    with pytest.raises(ValueError, match="the top level accepts: name, output_dir, .*, sampler, .*, epochs"):
+        load_config(None, ["batch_size=64"])
+
+
+def test_a_packaged_config_by_name_from_any_folder(tmp_path):
+    assert load_config("omniglot")["model"]["tta_shifts"][1] == [2, 0]
+    done = _train(tmp_path, "--config", "digits", "--output-dir", "runs", "--epochs", "1",
+                  "--set", "batches_per_epoch=1", "eval.nmi=false", "model.dim=8")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "runs" / "digits" / "last.pt").is_file()
+    (tmp_path / "digits").write_text("name: mine\nepochs: 1\n")  # a file of that name wins over the packaged one
+    assert load_config(tmp_path / "digits")["name"] == "mine"
+
+
+def test_the_defaults_are_the_packaged_digits_recipe(repo):
+    recipe = load_config(repo / "configs" / "digits.yaml")
+    assert load_config() == recipe == DEFAULTS
+
+
+def test_a_run_that_exists_names_the_python_arguments_from_python_and_the_flags_from_the_cli(tmp_path):
+    from metricsearch.train import RunExistsError
+
+    (tmp_path / "digits").mkdir()
+    (tmp_path / "digits" / "last.pt").write_bytes(b"")
+    with pytest.raises(RunExistsError, match=r"pass resume=True to continue it, overwrite=True to replace it"):
+        train(load_config(None, [f"output_dir={tmp_path}", "model.dim=8"]), progress=False)
+    done = _train(tmp_path, "--output-dir", str(tmp_path), "--set", "model.dim=8")
+    assert done.returncode == 2
+    assert "pass --resume to continue it, --overwrite to replace it" in done.stderr
+    assert "resume=True" not in done.stderr
+
+
+def test_a_new_backbone_drops_the_base_recipes_preprocessing() -> None:
+    # the digits base sets 28 px gray for small_cnn; a photo backbone must get its own ImageNet preprocessing
+    photo = load_config(None, ["model.backbone=efficientnet_lite0"])["model"]
+    assert photo["preprocessing"] == {} and photo["backbone_params"] == {}
+    sized = load_config(None, ["model={backbone: 'timm:resnet18', preprocessing: {size: 160}}"])["model"]
+    assert sized["preprocessing"] == {"size": 160}
+    same = load_config(None, ["model.backbone=small_cnn", "model.dim=16"])["model"]
+    assert same["preprocessing"]["size"] == 28 and same["dim"] == 16

@@ -290,7 +290,7 @@ def test_omniglot_shared_data():
 def test_missing_path(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_split(f"folder:{tmp_path / 'nope'}", split_classes=0.5)
-    with pytest.raises(FileNotFoundError, match="--download"):
+    with pytest.raises(FileNotFoundError, match="--set download=true"):
         load_split(f"cub200:{tmp_path / 'nope'}")
     with pytest.raises(FileNotFoundError, match="images.txt not found"):
         load_split(f"cub200:{tmp_path}")
@@ -358,3 +358,15 @@ def test_folder_with_no_images(tmp_path: Path):
 def test_split_classes_rejected_for_fixed_splits():
     with pytest.raises(ValueError, match="fixed class split"):
         load_split("digits", split_classes=0.5)
+
+
+def test_high_bit_depth_images_scale_to_8_bit_exactly():
+    from metricsearch.data.images import to_mode
+
+    every = np.arange(65536, dtype=np.uint16).reshape(256, 256)  # every 16-bit value, converted in row chunks
+    expected = np.floor(every.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
+    assert np.array_equal(np.asarray(to_mode(Image.fromarray(every), None)), expected)
+    wide = np.array([[-5, 0, 255, 70000]], dtype=np.int32)  # 32-bit: clipped to 0..65535, then scaled
+    assert np.asarray(to_mode(Image.frombytes("I", (4, 1), wide.tobytes()), None)).tolist() == [[0, 0, 1, 255]]
+    small = np.array([[0, 7, 255]], dtype=np.int32)  # every value fits in 8 bits: kept as is
+    assert np.asarray(to_mode(Image.frombytes("I", (3, 1), small.tobytes()), None)).tolist() == [[0, 7, 255]]

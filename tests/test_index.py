@@ -59,7 +59,9 @@ def test_build_then_search_finds_each_image_itself_with_its_label(built, digit_c
     assert main(["search", "--db", str(built), "--image", str(paths[3]), "--label", "9", "--json"]) == 0
     assert {h["label"] for h in json.loads(capsys.readouterr().out)} == {"9"}
     assert main(["index", "info", "--db", str(built), "--json"]) == 0
-    assert {"count", "dim", "index_type"} <= set(json.loads(capsys.readouterr().out))
+    shown = json.loads(capsys.readouterr().out)
+    assert {"count", "dim", "index_type"} <= set(shown) and shown["index_candidates"][0].startswith("*IDMap,Flat")
+    assert shown["index_reason"] == "150 <= 2000 vectors: exact search, the only candidate"
 
 
 def test_vectors_search_in_batches_and_refuse_another_width(built) -> None:

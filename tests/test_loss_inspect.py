@@ -7,7 +7,7 @@ import struct
 import torch
 
 from metricsearch.train.losses import build
-from metricsearch.train.losses.inspect import plot_pair_weights, random_batch
+from metricsearch.train.losses.pair_weight_plots import plot_pair_weights, random_batch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -245,7 +245,7 @@ def test_ice_reweighted_gradient_is_eqs_13_14(structure: str) -> None:
     # signs: positives pulled together, negatives pushed apart; the gradient w.r.t. the embeddings
     # is the re-weighted one, not the gradient of the value
     sim = cosine(emb).requires_grad_(True)
-    (grad,) = torch.autograd.grad(loss.loss_from_similarity(sim, labels, None, None), sim)
+    (grad,) = torch.autograd.grad(loss.loss_from_similarity(sim, labels), sim)
     assert torch.all(grad[pos] <= 0) and torch.all(grad[neg] >= 0)
     assert torch.all(grad[~(pos | neg)] == 0)
 

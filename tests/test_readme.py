@@ -20,13 +20,17 @@ def readme_block(heading: str) -> str:
 
 
 def test_python_api_example_runs(tmp_path: Path) -> None:
-    (tmp_path / "configs").symlink_to(REPO / "configs")
-    done = subprocess.run([sys.executable, "-c", readme_block("Python API")], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-c", readme_block("Python API")], cwd=tmp_path,  # outside the repo
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     best, r1, map_at_r = map(float, done.stdout.split())
     assert (tmp_path / "api.onnx").is_file() and (tmp_path / "runs" / "api" / "best.pt").is_file()
     assert abs(best - r1) <= 0.005 and 0.0 < map_at_r <= 1.0
+    again = subprocess.run([sys.executable, "-c", readme_block("Python API")], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)
+    last = again.stderr.strip().splitlines()[-1]
+    assert last.startswith("metricsearch.train.trainer.RunExistsError") and "overwrite=True" in last, last
+    assert "--overwrite" not in last
 
 
 def test_web_page_client_example_runs(server, gallery_items, tmp_path: Path) -> None:

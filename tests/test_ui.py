@@ -16,6 +16,7 @@ from gradio_client import Client, handle_file
 from PIL import Image
 
 from metricsearch.app.web import SearchHandlers, parse_auth, serve
+from metricsearch.app.web.handlers import NOT_UPLOADED
 from metricsearch.app.web.batching import Coalescer
 
 
@@ -45,15 +46,31 @@ def test_coalescer_merges_calls_that_arrive_together_and_keeps_results_apart() -
     assert len(calls) == 2, calls  # the eight that waited shared one call
 
 
-def test_coalescer_gives_an_error_to_its_own_batch_only() -> None:
+def test_coalescer_gives_an_error_only_to_the_item_that_causes_it() -> None:
+    calls: list[list[int]] = []
+    gate = threading.Event()
+
     def fail_on_negative(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        if len(calls) == 1:
+            gate.wait(10)  # hold the first call so that the others queue up behind it, the bad one among them
         if any(i < 0 for i in items):
             raise ValueError("negative")
         return items
 
-    batcher = Coalescer(fail_on_negative, max_batch=4)
-    with pytest.raises(ValueError, match="negative"):
-        batcher(-1)
+    batcher = Coalescer(fail_on_negative, max_batch=8)
+    with ThreadPoolExecutor(6) as pool:
+        first = pool.submit(batcher, 0)
+        while not calls:
+            time.sleep(0.001)
+        rest = {i: pool.submit(batcher, i) for i in (1, 2, -3, 4, 5)}
+        while len(batcher._pending) < 5:
+            time.sleep(0.001)
+        gate.set()
+        assert first.result() == 0 and [rest[i].result() for i in (1, 2, 4, 5)] == [1, 2, 4, 5]
+        with pytest.raises(ValueError, match="negative"):
+            rest[-3].result()
+    assert sorted(calls[1]) == [-3, 1, 2, 4, 5]  # they did share a call, which failed, then ran alone
     assert batcher(3) == 3
 
 
@@ -71,11 +88,12 @@ def test_parse_auth(tmp_path: Path) -> None:
 # -- the handlers, as plain functions over a real gallery ---------------------------------------
 
 @pytest.fixture(scope="module")
-def handlers(digits_gallery: Path):
+def handlers(digits_gallery: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Handlers over the digits gallery; query files are read only from their `uploads` folder."""
     from metricsearch.index import Gallery
 
     with Gallery.open(digits_gallery) as gallery:
-        handlers = SearchHandlers(gallery)
+        handlers = SearchHandlers(gallery, uploads=tmp_path_factory.mktemp("uploads"))
         yield handlers
         handlers.close()
     assert not handlers.thumbnail_dir.exists()
@@ -87,9 +105,9 @@ def _png(tmp_path: Path, image: Image.Image, name: str = "query.png", size: int 
     return path
 
 
-def test_a_gallery_image_comes_back_first_with_its_label(handlers, gallery_items, tmp_path: Path) -> None:
+def test_a_gallery_image_comes_back_first_with_its_label(handlers, gallery_items) -> None:
     item_id, label, image = gallery_items[0]
-    thumbs, table = handlers.search(str(_png(tmp_path, image)), 5)
+    thumbs, table = handlers.search(str(_png(handlers.uploads, image)), 5)
     assert [set(row) for row in table] == [{"id", "score", "label"}] * 5
     assert table[0]["id"] == item_id and table[0]["label"] == label and table[0]["score"] > 0.99
     assert [s for s in (row["score"] for row in table)] == sorted((row["score"] for row in table), reverse=True)
@@ -98,10 +116,10 @@ def test_a_gallery_image_comes_back_first_with_its_label(handlers, gallery_items
     assert thumbs[0][1] == f"{label} · {table[0]['score']:.3f} · #{item_id}"
 
 
-def test_label_filter_and_the_crop_editors_value(handlers, gallery_items, tmp_path: Path) -> None:
+def test_label_filter_and_the_crop_editors_value(handlers, gallery_items) -> None:
     _, label, image = gallery_items[0]
     other = next(lab for lab in handlers.labels if lab != label)
-    editor = {"background": None, "layers": [], "composite": {"path": str(_png(tmp_path, image))}}
+    editor = {"background": None, "layers": [], "composite": {"path": str(_png(handlers.uploads, image))}}
     _, table = handlers.search(editor, 7, other)
     assert len(table) == 7 and {row["label"] for row in table} == {other}
 
@@ -114,17 +132,20 @@ def test_clicking_a_result_searches_with_its_thumbnail(handlers, gallery_items) 
 
 @pytest.mark.parametrize("value, k, label, message", [
     (None, 5, "", "No image to search"),
+    ("OUTSIDE", 5, "", NOT_UPLOADED),
     ("TEXT", 5, "", "Cannot search with this file. notes.txt: not an image"),
     ("IMAGE", 0, "", "k must be between 1 and 50"),
     ("IMAGE", 5, "no-such-label", "no label 'no-such-label'"),
 ])
 def test_bad_queries_get_a_friendly_message(handlers, gallery_items, tmp_path: Path, value, k, label, message) -> None:
-    text = tmp_path / "notes.txt"
+    text = handlers.uploads / "notes.txt"
     text.write_text("not an image")
-    value = {"TEXT": str(text), "IMAGE": gallery_items[0][2]}.get(value, value)
+    outside = _png(tmp_path, gallery_items[0][2])  # a real image, but not in the upload folder
+    value = {"TEXT": str(text), "IMAGE": gallery_items[0][2], "OUTSIDE": str(outside)}.get(value, value)
     with pytest.raises(gr.Error) as info:
         handlers.search(value, k, label)
     assert message in info.value.message and str(tmp_path) not in info.value.message
+    assert str(handlers.uploads) not in info.value.message
 
 
 def test_handlers_start_where_gradio_has_made_no_upload_folder_yet(handlers, tmp_path: Path, monkeypatch) -> None:
@@ -134,9 +155,9 @@ def test_handlers_start_where_gradio_has_made_no_upload_folder_yet(handlers, tmp
     fresh.close()
 
 
-def test_the_pixel_limit_refuses_large_queries(handlers, tmp_path: Path) -> None:
-    small_limit = SearchHandlers(handlers.gallery, max_pixels=64 * 64)
-    big = tmp_path / "big.png"
+def test_the_pixel_limit_refuses_large_queries(handlers) -> None:
+    small_limit = SearchHandlers(handlers.gallery, max_pixels=64 * 64, uploads=handlers.uploads)
+    big = handlers.uploads / "big.png"
     Image.new("L", (65, 64)).save(big)
     with pytest.raises(gr.Error, match="over the limit of 4096"):
         small_limit.search(str(big))
@@ -146,9 +167,29 @@ def test_the_pixel_limit_refuses_large_queries(handlers, tmp_path: Path) -> None
 def test_about_panel_names_model_size_index_and_device(handlers) -> None:
     about = handlers.about()
     for field in ("- **model**: `", "- **dimension**: `128`", "- **items**: `896`", "- **index type**: `",
-                  "- **search setting**: `", "- **device**: `"):
+                  "- **search setting**: `", "- **device**: `", "- **why this index**: `",
+                  "- **candidates (* chosen)**: `*IDMap,Flat exact: recall@10 1.000"):
         assert field in about, about
     assert str(handlers.gallery.db) not in about  # no server paths on the page
+
+
+def test_evaluate_tab_shows_the_worst_queries_and_classes_of_the_served_gallery(handlers, digits_gallery) -> None:
+    from metricsearch.app.web.handlers import CLASS_COLUMNS
+    from metricsearch.evaluation.thumbnails import GREEN, RED
+    from metricsearch.index import evaluate_gallery
+
+    worst, classes = handlers.evaluation()
+    assert isinstance(worst, Image.Image) and worst.width > 96 and worst.height > 96
+    rows = [dict(zip(CLASS_COLUMNS, row)) for row in classes]
+    assert sorted(row["label"] for row in rows) == handlers.labels
+    assert [row["recall_at_1"] for row in rows] == sorted(row["recall_at_1"] for row in rows)  # worst first
+    metrics = evaluate_gallery(digits_gallery, with_nmi=False)
+    assert sum(row["queries"] for row in rows) == metrics["n_queries"]
+    weighted = sum(row["queries"] * row["recall_at_1"] for row in rows) / metrics["n_queries"]
+    assert abs(weighted - metrics["recall_at_k"][1]) <= 0.01, (weighted, metrics["recall_at_k"])
+    assert handlers.evaluation() is handlers.evaluation()  # computed once per server
+    assert any(row["recall_at_1"] < 1 for row in rows)  # the digits model misses some: their rows show red frames
+    assert np.all(np.asarray(worst) == RED, axis=-1).sum() > 100 and np.all(np.asarray(worst) == GREEN, axis=-1).any()
 
 
 # -- a real server on 127.0.0.1, through gradio_client ----------------------------------------

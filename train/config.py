@@ -1,4 +1,4 @@
-"""Training configs: built-in defaults, YAML files and `key=value` overrides, deep-merged."""
+"""Training configs: the typed schema, the packaged recipes, YAML files and `key=value` overrides, deep-merged."""
 
 from __future__ import annotations
 
@@ -6,81 +6,149 @@ import copy
 import difflib
 import inspect
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Callable, Iterable, Literal
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from metricsearch.models.backbones import BACKBONES, parse_backbone
+from metricsearch.models.device import check_device
 from metricsearch.models.preprocessing import Preprocessing
 from metricsearch.registry import Registry
 from metricsearch.train.augment import AUGMENTATIONS
+from metricsearch.train.context import CONTEXT_KEYS
 from metricsearch.train.losses import LOSSES
 from metricsearch.train.optim import OPTIMIZERS, SCHEDULES
 from metricsearch.train.sampling import MINERS, SAMPLERS, WEIGHTINGS
 
-#: The embedded default: the digits recipe (configs/digits.yaml says the same), offline, minutes on a CPU.
-DEFAULTS: dict[str, Any] = {
-    "name": "digits",
-    "output_dir": "runs",
-    "seed": 0,
-    "device": "auto",
-    "dataset": "digits",
-    "split_classes": None,
-    "split": "test",  # test | swap (train and test exchanged) | all (final fit: every class trains, no test)
-    "augment_classes": [],  # e.g. [rot90, rot180, rot270]: transformed copies of the training classes as new classes
-    "download": False,
-    "model": {
-        "backbone": "small_cnn",
-        "dim": 128,
-        "normalize": True,
-        "pretrained": None,
-        "backbone_params": {},
-        "tta_shifts": [],
-        # keys set here replace the backbone's own preprocessing (its ImageNet one; 28 px gray for small_cnn)
-        "preprocessing": {},
-    },
-    "augment": {"name": "affine", "degrees": 10, "translate": [0.1, 0.1], "scale": [0.9, 1.1], "fill": 0},
-    "sampler": {"name": "group", "classes_per_batch": 5, "images_per_class": 16},
-    "miner": {"name": None},
-    "weighting": {"name": None},
-    "loss": {"name": "ms"},
-    "optimizer": {"name": "adamw", "lr": 5e-5, "head_lr": 5e-4, "weight_decay": 1e-4},
-    "schedule": {"name": "cosine", "warmup_epochs": 0},
-    "epochs": 4,
-    "batches_per_epoch": None,
-    "amp": "auto",
-    "num_workers": 0,
-    "cache_images": True,
-    "eval": {"every": 1, "batch_size": 256, "recall_k": None, "nmi": True, "one_shot_ways": None},
-    "log_every": 50,
-}
+#: the packaged recipes (configs/NAME.yaml), found by NAME from any folder
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+#: the recipe a config builds on: the digits demo, offline, minutes on a CPU
+BASE_RECIPE = "digits"
 
 
+def _at_least(least: int) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"must be an integer >= {least}")
+        return value
+    return BeforeValidator(check)
+
+
+Count = Annotated[int, _at_least(1)]
+Device = Annotated[str, BeforeValidator(check_device)]
+#: a `{name: ..., **params}` section; its parameters are typed by the component its name picks
+Component = dict[str, Any]
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors; numbers given for a text value become text (run names)."""
+
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True)
+
+
+class PreprocessingKeys(Section):
+    """The `model.preprocessing` keys a config may set; those it leaves out come from the backbone's own."""
+
+    size: Annotated[int, _at_least(8)] | None = None
+    channels: Literal[1, 3] | None = None
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    resize: str | None = None
+    crop_ratio: float | None = None
+    interpolation: str | None = None
+
+
+class ModelConfig(Section):
+    """The `model` section: the embedder's architecture and its input preprocessing."""
+
+    backbone: str = "small_cnn"  # a registered name, or timm:NAME
+    dim: Count | None = 128  # None: no head, the backbone's pooled features are the embedding
+    normalize: bool = True
+    pretrained: bool | str | None = None  # imagenet (or true): the backbone's published weights; or a file
+    backbone_params: dict[str, Any] = Field(default_factory=dict)
+    tta_shifts: list[tuple[int, int]] = Field(default_factory=list)
+    # keys set here replace the backbone's own preprocessing (its ImageNet one; 28 px gray for small_cnn)
+    preprocessing: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalConfig(Section):
+    """The `eval` section: how often and what to evaluate on the held-out classes."""
+
+    every: Count = 1
+    batch_size: Count = 256
+    recall_k: list[Count] | None = None  # None: the data set's own K values
+    nmi: bool = True
+    one_shot_ways: Annotated[int, _at_least(2)] | None = None
+
+
+class LoggingConfig(Section):
+    """The `logging` section: where a run's numbers go besides metrics.jsonl."""
+
+    tensorboard: bool = False  # true: TensorBoard event files in RUN_DIR/tensorboard/ (train/board.py)
+
+
+class TrainConfig(Section):
+    """A whole training config, typed; `load_config` builds one over the packaged digits recipe."""
+
+    name: str = BASE_RECIPE
+    output_dir: str = "runs"
+    seed: int = 0
+    device: Device = "auto"
+    dataset: str = "digits"
+    split_classes: float | None = None
+    split: Literal["test", "swap", "all"] = "test"  # swap: train and test exchanged; all: final fit, no test
+    augment_classes: list[str] = Field(default_factory=list)  # e.g. [rot90, rot180]: transformed copies as classes
+    download: bool = False
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    augment: Component
+    sampler: Component
+    miner: Component | None = None
+    weighting: Component | None = None
+    loss: Component
+    optimizer: Component
+    schedule: Component
+    epochs: Count
+    batches_per_epoch: Count | None = None
+    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
+    num_workers: Annotated[int, _at_least(0)] = 0
+    cache_images: bool = True
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log_every: Count = 50
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+#: model keys that belong to its backbone: a new `model.backbone` drops the ones the base recipe set
+BACKBONE_KEYS = ("preprocessing", "backbone_params")
 #: sections naming a component: a new `name` there drops the old component's parameters
 COMPONENTS = ("loss", "sampler", "miner", "weighting", "schedule", "augment")
-
-#: what training passes the losses and weightings about the training set (never set in a config)
-DATA_STATS = ("class_counts", "num_classes", "num_images")
 
 #: the sections that pick a component by name from a registry: the registry, the parameters training
 #: passes the component itself (never set in a config), and the section's keys besides the parameters
 SECTIONS: dict[str, tuple[Registry[Any], tuple[str, ...], tuple[str, ...]]] = {
-    "loss": (LOSSES, DATA_STATS, ()),
-    "sampler": (SAMPLERS, ("labels", "seed", "batches_per_epoch"), ()),
+    "loss": (LOSSES, CONTEXT_KEYS, ()),
+    "sampler": (SAMPLERS, ("labels", "seed", "batches_per_epoch", "rank", "world_size"), ()),
     "miner": (MINERS, (), ()),
-    "weighting": (WEIGHTINGS, ("sampler", *DATA_STATS), ()),
+    "weighting": (WEIGHTINGS, CONTEXT_KEYS, ()),
     "optimizer": (OPTIMIZERS, ("params",), ("head_lr",)),
     "schedule": (SCHEDULES, ("steps_per_epoch", "epochs"), ()),
     "augment": (AUGMENTATIONS, ("size",), ()),
 }
 #: sections whose component may be left out (name: null)
 OPTIONAL = ("miner", "weighting")
+#: what a user may mean by a top-level key that does not exist
+HINTS = {"batch_size": "a training batch is sampler.classes_per_batch x sampler.images_per_class "
+                       "images, eval.batch_size the evaluation batch",
+         "lr": "set optimizer.lr", "dim": "set model.dim", "backbone": "set model.backbone"}
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """A copy of `base` with `update` merged in, recursively for nested dicts."""
     out = copy.deepcopy(base)
     for key, value in update.items():
+        if (key == "model" and isinstance(value, dict) and isinstance(out.get(key), dict)
+                and value.get("backbone", out[key].get("backbone")) != out[key].get("backbone")):
+            out[key] = {k: v for k, v in out[key].items() if k not in BACKBONE_KEYS}
         renamed = (key in COMPONENTS and isinstance(value, dict) and isinstance(out.get(key), dict)
                    and "name" in value and value["name"] != out[key].get("name"))
         if isinstance(value, dict) and isinstance(out.get(key), dict) and not renamed:
@@ -115,21 +183,59 @@ def parse_yaml(text: str, what: str) -> Any:
         raise ValueError(f"{what} is not valid YAML: {' '.join(str(exc).split())}") from None
 
 
+def packaged_configs() -> list[str]:
+    """Names of the recipes shipped in the package (configs/NAME.yaml)."""
+    return sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """The YAML file of a config: a path, else the packaged recipe of that name (`digits`, `omniglot`, ...)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    packaged = CONFIGS / f"{name_or_path}.yaml"
+    if path.suffix == "" and path.name == str(name_or_path) and packaged.is_file():
+        return packaged
+    raise FileNotFoundError(f"config file {path} not found; give a YAML file or a packaged config name: "
+                            f"{', '.join(packaged_configs())}")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; a one-line ValueError naming the file where it holds none."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"config file {path} is not a YAML text file (it is not UTF-8 text); "
+                         "expected a .yaml file such as configs/digits.yaml") from None
+    if "\x00" in text:
+        raise ValueError(f"config file {path} is not a YAML text file (it holds binary data)")
+    loaded = parse_yaml(text, f"config file {path}") or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config file {path} must hold a YAML mapping of config keys, got {type(loaded).__name__} "
+                         f"{_short(loaded)}")
+    return loaded
+
+
+def _defaults() -> dict[str, Any]:
+    """The schema's defaults under the packaged base recipe: what a config without a file resolves to."""
+    general = {k: f.get_default(call_default_factory=True) for k, f in TrainConfig.model_fields.items()
+               if not f.is_required()}
+    general = {k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v for k, v in general.items()}
+    return deep_merge(general, read_config_file(CONFIGS / f"{BASE_RECIPE}.yaml"))
+
+
+#: the resolved config without a file: the schema's defaults and configs/digits.yaml, its one source
+DEFAULTS: dict[str, Any] = _defaults()
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The resolved and validated config: defaults, then the YAML file, then each override in order."""
+    """The resolved, validated config: defaults, the YAML file (a path or a packaged name), each override in order."""
     config = copy.deepcopy(DEFAULTS)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} not found (see configs/ for examples)")
-        loaded = parse_yaml(path.read_text(), f"config file {path}") or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path} must hold a YAML mapping at the top level")
-        config = deep_merge(config, loaded)
+        config = deep_merge(config, read_config_file(config_path(path)))
     for text in overrides:
         config = deep_merge(config, parse_override(text))
-    validate_config(config)
-    return config
+    return typed_config(config).model_dump(mode="json")
 
 
 def component(config: dict[str, Any], section: str) -> tuple[str | None, dict[str, Any]]:
@@ -139,22 +245,51 @@ def component(config: dict[str, Any], section: str) -> tuple[str | None, dict[st
 
 
 def validate_config(config: dict[str, Any]) -> None:
-    """Raise a ValueError naming the first key (and the close name) that nothing in training accepts."""
-    check_keys(config, DEFAULTS, "")
+    """Raise a one-line ValueError naming the first key, or the first value of a wrong type, in `config`."""
+    typed_config(config)
+
+
+def typed_config(config: dict[str, Any]) -> TrainConfig:
+    """`config` checked key by key and value by value against the schema and the components it names."""
+    check_keys(config, TrainConfig.model_fields, "")
     missing = [key for key in DEFAULTS if key not in config]
     if missing:
         raise ValueError(f"the config lacks key(s) {', '.join(missing)}; build it with load_config")
-    for section in ("model", "eval", *SECTIONS):
+    for section in ("model", "eval", "logging", *SECTIONS):
         if not isinstance(config[section], dict) and not (section in OPTIONAL and config[section] is None):
             raise ValueError(f"config key {section} must be a mapping, got {config[section]!r}")
     check_model(config["model"])
-    check_keys(config["eval"], DEFAULTS["eval"], "eval.")
+    check_keys(config["eval"], EvalConfig.model_fields, "eval.")
+    check_keys(config["logging"], LoggingConfig.model_fields, "logging.")
     for section, (registry, passed, own) in SECTIONS.items():
         check_component(config, section, registry, passed, own)
-    for key, least in (("epochs", 1), ("log_every", 1), ("num_workers", 0), ("eval.every", 1), ("eval.batch_size", 1)):
-        check_integer(config, key, least)
-    if config["batches_per_epoch"] is not None:
-        check_integer(config, "batches_per_epoch", 1)
+    return _validated(TrainConfig, config, "")
+
+
+def _validated(schema: type[BaseModel], values: dict[str, Any], where: str) -> Any:
+    """`values` validated by `schema`; a one-line ValueError naming the key, the value and what is expected."""
+    try:
+        return schema.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key, value = [], values
+        for part in error["loc"]:  # keep the parts that are config keys or list positions, not type names
+            if isinstance(value, dict) and part in value:
+                key.append(str(part))
+                value = value[part]
+            elif isinstance(value, (list, tuple)) and isinstance(part, int) and part < len(value):
+                key[-1] += f"[{part}]"
+                value = value[part]
+        message = error["msg"].removeprefix("Value error, ")
+        if message.startswith("Input should be "):
+            message = "must be " + message.removeprefix("Input should be ").split(",")[0]
+        text = f"config key {where}{'.'.join(key)}" + (f" {message}" if message.startswith("must") else f": {message}")
+        raise ValueError(text if ", got " in message else f"{text}, got {_short(value)}") from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_keys(section: dict[str, Any], accepted: Iterable[str], where: str, passed: Iterable[str] = ()) -> None:
@@ -167,7 +302,8 @@ def check_keys(section: dict[str, Any], accepted: Iterable[str], where: str, pas
         if key not in accepted:
             close = difflib.get_close_matches(str(key), accepted, n=1)
             hint = f" (did you mean {where}{close[0]}?)" if close else ""
-            known = f"; {where[:-1]} accepts: {', '.join(accepted)}" if where else ""
+            hint += f"; {HINTS[key]}" if not where and key in HINTS else ""
+            known = f"; {where[:-1] if where else 'the top level'} accepts: {', '.join(accepted)}"
             raise ValueError(f"unknown config key {where}{key}{hint}{known}")
 
 
@@ -183,6 +319,8 @@ def check_component(
             raise ValueError(f"config key {section}.{next(iter(params))} is set but {section}.name is null; "
                              f"name a {section} or drop the key")
         return
+    if not isinstance(name, str):
+        raise ValueError(f"config key {section}.name must be a name ({', '.join(registry.names())}), got {name!r}")
     try:
         accepted = registry.parameters(name)
     except ValueError as exc:
@@ -192,26 +330,50 @@ def check_component(
                and k not in passed and k not in params]
     if missing:
         raise ValueError(f"config key {section}.{missing[0]} is required by {section} {name!r}")
+    own_types = {k: float for k in own}  # head_lr: a learning rate
+    _validated(parameter_schema(registry.get(name), passed, own_types), params | {"name": name}, f"{section}.")
+
+
+def parameter_schema(factory: Callable[..., Any], passed: Iterable[str] = (),
+                     extra: dict[str, Any] | None = None) -> type[BaseModel]:
+    """A schema of a factory's keyword parameters with their declared types (those training passes left out)."""
+    target = factory.__init__ if isinstance(factory, type) else factory
+    namespace = getattr(inspect.unwrap(target), "__globals__", {})
+    fields: dict[str, Any] = {"name": (str, ...)}
+    fields.update({k: (v, None) for k, v in (extra or {}).items()})
+    for param in inspect.signature(factory).parameters.values():
+        if param.name in passed or param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+            continue
+        kind = param.annotation
+        if isinstance(kind, str):
+            try:
+                kind = eval(kind, dict(namespace))  # noqa: S307  # a postponed annotation of our own code
+            except Exception:  # a type the factory's module cannot name at run time: accept any value
+                kind = Any
+        kind = Any if kind is param.empty else kind
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (kind, default)
+    return create_model(f"{getattr(factory, '__name__', 'Component')}Params", __base__=Section, **fields)
 
 
 def check_model(model: dict[str, Any]) -> None:
-    """Check the model section, its backbone's parameters and its preprocessing keys."""
-    check_keys(model, DEFAULTS["model"], "model.")
+    """Check the model section's keys, its backbone's parameters and its preprocessing keys."""
+    check_keys(model, ModelConfig.model_fields, "model.")
     try:
-        accepted = BACKBONES.parameters(parse_backbone(model.get("backbone", DEFAULTS["model"]["backbone"]))[0])
+        name, fixed = parse_backbone(model.get("backbone", DEFAULTS["model"]["backbone"]))
+        factory = BACKBONES.get(name)
     except ValueError as exc:
         raise ValueError(f"config key model.backbone: {exc}") from None
     # the embedder passes them from the preprocessing, model.pretrained and the backbone spec (timm:NAME)
-    passed = ("in_channels", "pretrained", "model_name")
-    check_keys(model.get("backbone_params") or {}, [k for k in accepted if k not in passed], "model.backbone_params.",
-               passed)
-    check_keys(model.get("preprocessing") or {}, Preprocessing.__dataclass_fields__, "model.preprocessing.")
-
-
-def check_integer(config: dict[str, Any], key: str, least: int) -> None:
-    """Raise a ValueError unless the config value at dotted `key` is an integer >= `least`."""
-    value: Any = config
-    for part in key.split("."):
-        value = value.get(part)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"config key {key} must be an integer >= {least}, got {value!r}")
+    passed = ("in_channels", "pretrained", *fixed)
+    accepted = BACKBONES.parameters(name)
+    backbone_params = model.get("backbone_params") or {}
+    if not isinstance(backbone_params, dict):
+        raise ValueError(f"config key model.backbone_params must be a mapping, got {_short(backbone_params)}")
+    check_keys(backbone_params, [k for k in accepted if k not in passed], "model.backbone_params.", passed)
+    _validated(parameter_schema(factory, passed), {"name": "backbone", **backbone_params}, "model.backbone_params.")
+    preprocessing = model.get("preprocessing") or {}
+    if not isinstance(preprocessing, dict):
+        raise ValueError(f"config key model.preprocessing must be a mapping, got {_short(preprocessing)}")
+    check_keys(preprocessing, Preprocessing.__dataclass_fields__, "model.preprocessing.")
+    _validated(PreprocessingKeys, preprocessing, "model.preprocessing.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from metricsearch.models.device import check_device
+
 
 def resolve_device(name: str = "auto", cuda_available: bool | None = None) -> torch.device:
     """`auto` -> cuda if available else cpu; `cuda` without a GPU is an error that says so."""
@@ -11,8 +13,7 @@ def resolve_device(name: str = "auto", cuda_available: bool | None = None) -> to
         cuda_available = torch.cuda.is_available()
     if name == "auto":
         return torch.device("cuda" if cuda_available else "cpu")
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ValueError(f"device must be auto, cpu or cuda[:N], got {name!r}")
+    check_device(name)
     if name.startswith("cuda") and not cuda_available:
         raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu or auto")
     return torch.device(name)

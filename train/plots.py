@@ -12,6 +12,7 @@ def plot_training(history: list[dict[str, Any]], out: str | Path, title: str = "
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [row["epoch"] for row in history]
     fig, (ax_loss, ax_r1) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -22,6 +23,7 @@ def plot_training(history: list[dict[str, Any]], out: str | Path, title: str = "
     ax_r1.set(xlabel="epoch", ylabel="Recall@1 (test classes)", title="Recall@1", ylim=(0, 1.02))
     for ax in (ax_loss, ax_r1):
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     fig.suptitle(title)
     fig.tight_layout()
     out = Path(out)

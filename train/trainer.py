@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +24,9 @@ from metricsearch.evaluation import evaluate_split
 from metricsearch.models.embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
+from metricsearch.train.board import Board
 from metricsearch.train.config import component, validate_config
+from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
 from metricsearch.train.distributed import (
@@ -35,12 +38,24 @@ from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
 
+#: a test hook: set to N, training says "paused before step N" on stderr and waits for a signal (e.g. Ctrl-C) there
+PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
+
 #: resuming may change these keys of a run's config (they do not change what it computes)
 RESUMABLE_CHANGES = ("epochs", "log_every")
 
 
 class TrainingError(MetricsearchError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
+
+
+class RunExistsError(FileExistsError):
+    """The run directory already holds a run (and neither resuming nor overwriting was asked for)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(f"{run_dir} already holds a run; pass resume=True to continue it, overwrite=True to "
+                         "replace it, or give the config another name for a new run")
+        self.run_dir = run_dir
 
 
 @dataclass
@@ -102,12 +117,13 @@ def train(
     """
     validate_config(config)
     setup = build_setup(config, progress)
-    main = setup.dist.is_main
+    main, board = setup.dist.is_main, None
     try:
         run_dir = _prepare_run_dir(config, resume, overwrite, write=main)
         state = restore(setup, run_dir) if resume else RunState()
         if main:
             _write_metrics(run_dir, state.history)
+        board = Board(run_dir) if main and config["logging"]["tensorboard"] else None
         epochs = int(config["epochs"])
         for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
             row = train_epoch(setup, epoch, run_dir, progress and main)
@@ -117,11 +133,17 @@ def train(
             held_out = len(setup.split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
             if held_out and ((epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs):
                 row.update(_evaluate(setup.model, setup.split, config))
+                if board is not None:
+                    board.evaluation(epoch + 1, setup.model, setup.split.test, setup.loss, int(config["seed"]))
             save_epoch(setup, state, row, run_dir)
+            if board is not None:
+                board.row(row)
             if progress:
                 _report(row, epoch, epochs)
         barrier(setup.dist)  # the other ranks wait for rank 0's last evaluation and checkpoint
     finally:
+        if board is not None:
+            board.close()
         shutdown(setup.dist)
     best = state.best_recall_at_1 if state.best_recall_at_1 >= 0 else None
     return RunResult(run_dir, len(state.history), best, state.history[-1] if state.history else {}, main)
@@ -157,17 +179,17 @@ def build_components(
     config: dict[str, Any], images: ImageSet, dist: DistContext = DistContext(),
 ) -> tuple[MetricLoss, LabelBatchSampler, Callable[..., Mined] | None, Weighting | None]:
     """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit."""
-    stats = {"class_counts": images.class_counts(), "num_classes": len(images.class_names), "num_images": len(images)}
+    context = TrainContext.of(images)
     loss_name, loss_params = component(config, "loss")
-    loss = losses.build(loss_name, **stats, **loss_params)
+    loss = losses.build(loss_name, context, **loss_params)
     sampler_name, sampler_params = component(config, "sampler")
-    sampler = sampling.build_sampler(sampler_name, np.asarray(images.labels), seed=int(config["seed"]),
+    sampler = sampling.build_sampler(sampler_name, context.labels, seed=int(config["seed"]),
                                      batches_per_epoch=config["batches_per_epoch"], rank=dist.rank,
                                      world_size=dist.world_size, **sampler_params)
     miner_name, miner_params = component(config, "miner")
     miner = sampling.build_miner(miner_name, **miner_params) if miner_name else None
     weighting_name, weighting_params = component(config, "weighting")
-    weighting = (sampling.build_weighting(weighting_name, {**stats, "sampler": sampler}, **weighting_params)
+    weighting = (sampling.build_weighting(weighting_name, replace(context, sampler=sampler), **weighting_params)
                  if weighting_name else None)
     check_compatible(loss, miner, weighting, sampler)
     return loss, sampler, miner, weighting
@@ -191,7 +213,10 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
                unit="batch", leave=False)
     total = torch.zeros((), dtype=torch.float64, device=setup.device)
     t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
+    pause_at = int(os.environ.get(PAUSE_AT_STEP, -1))
     for images, labels, indices in bar:
+        if epoch * len(setup.sampler) + steps == pause_at:
+            _pause(pause_at)
         total += train_step(setup, images, labels, indices)
         seen, steps = seen + len(images) * setup.dist.world_size, steps + 1
         if steps % int(config["log_every"]) == 0:
@@ -200,7 +225,7 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     bar.close()
     mean = finite_mean(total, steps, checked, epoch, run_dir)
     return {"epoch": epoch + 1, "loss": mean, "images_per_s": seen / (time.perf_counter() - t0),
-            "world_size": setup.dist.world_size}
+            "lr": setup.scheduler.get_last_lr()[0], "world_size": setup.dist.world_size}
 
 
 def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) -> Tensor:
@@ -305,10 +330,7 @@ def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool, writ
                 f"only {' and '.join(RESUMABLE_CHANGES)} may change when resuming"
             )
     elif last.is_file() and not overwrite:
-        raise FileExistsError(
-            f"{run_dir} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-            "or --set name=OTHER for a new run"
-        )
+        raise RunExistsError(run_dir)
     if write:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -319,6 +341,13 @@ def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
     with open(run_dir / "metrics.jsonl", "w") as f:
         for row in history:
             f.write(json.dumps(row) + "\n")
+
+
+def _pause(step: int) -> None:
+    """Say that training waits before global step `step` (counted from 0), then wait until a signal ends it."""
+    print(f"paused before step {step}", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(60)
 
 
 def _report(row: dict[str, Any], epoch: int, epochs: int) -> None:

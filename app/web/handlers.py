@@ -1,10 +1,11 @@
 """The search page's event handlers: plain methods over one open gallery, testable without a server.
 
 Each handler takes what a Gradio component sends (an upload, the image editor's value, a number,
-a label) and returns what the output components show. Queries are decoded by
-`metricsearch.data.load_image` (pixel limit, friendly reason). Thumbnails are the bytes in the
-gallery's LMDB, written once each into Gradio's own upload folder: no image's source path is ever
-served. Concurrent queries share one inference call.
+a label) and returns what the output components show. A query file is read only if it is a regular
+file in the page's upload folder; it is decoded by `metricsearch.data.load_image` and checked against
+the gallery's limits (pixels, smallest side) before it joins a shared inference call. Thumbnails are
+the bytes in the gallery's LMDB, written once each into the upload folder: no image's source path is
+ever served.
 """
 
 from __future__ import annotations
@@ -26,16 +27,26 @@ import numpy as np
 from PIL import Image
 
 from metricsearch.app.web.batching import Coalescer
+from metricsearch.app.web.uploads import uploaded_file
 from metricsearch.data import UnreadableImageError, load_image
+from metricsearch.evaluation.report import class_table, rank, worst_queries
+from metricsearch.index import labelled_items
 
 #: the largest query accepted, in pixels (a 25-megapixel photo; larger uploads are refused)
 DEFAULT_QUERY_MAX_PIXELS = 25_000_000
+#: the one answer to a query file that was not uploaded to this page, whatever is at its path
+NOT_UPLOADED = "Cannot search with this file: only an image uploaded to this page can be searched."
 #: the label filter's value meaning "every label"
 ALL_LABELS = ""
+#: labelled items that the Evaluate tab ranks at most (a random sample of larger galleries)
+EVALUATE_ITEMS = 10_000
+#: the Evaluate tab's class table: its columns (evaluation.report's class rows)
+CLASS_COLUMNS = ("label", "queries", "recall_at_1", "map_at_r", "most_confused_with")
 
 #: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
 ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
-         "search_params": "search setting", "tuning": "measured recall", "device": "device"}
+         "search_params": "search setting", "tuning": "measured recall", "index_reason": "why this index",
+         "index_candidates": "candidates (* chosen)", "device": "device"}
 
 
 @lru_cache(maxsize=1)
@@ -73,18 +84,25 @@ class SearchHandlers:
     """The page's handlers over an open gallery (`search`, `thumbnail`, `info`, `labels`)."""
 
     def __init__(self, gallery: Any, *, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS, max_k: int = 50,
-                 max_batch: int = 32) -> None:
+                 max_batch: int = 32, uploads: str | Path | None = None) -> None:
         self.gallery = gallery
-        self.max_pixels = max_pixels
+        settings = getattr(gallery, "settings", {})
+        #: queries over the gallery's own pixel limit, or with a side under its minimum, are refused here
+        self.max_pixels = min(max_pixels, settings.get("max_pixels") or max_pixels)
+        self.min_side = int(settings.get("min_side") or 1)
         self.max_k = max_k
         self.labels = [str(label) for label in gallery.labels()]
         self._search = Coalescer(self._search_batch, max_batch)
-        #: where thumbnails are written, once each, from the LMDB: Gradio's own upload folder, which it
+        #: the only folder query files are read from (default: Gradio's upload folder, which `serve` makes its own)
+        self.uploads = Path(uploads or get_upload_folder())
+        self.uploads.mkdir(parents=True, exist_ok=True)  # Gradio makes it on the first upload; a fresh machine has none
+        self.uploads = self.uploads.resolve()
+        #: where thumbnails are written, once each, from the LMDB: in the upload folder, which Gradio
         #: serves anyway (a PIL image would be re-encoded and hashed on every answer instead)
-        uploads = Path(get_upload_folder())
-        uploads.mkdir(parents=True, exist_ok=True)  # Gradio makes it on the first upload; a fresh machine has none
-        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=uploads))
+        self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=self.uploads))
         self._thumbnails: dict[int, Path] = {}
+        self._evaluation: tuple[Image.Image, list[list[Any]]] | None = None
+        self._evaluation_lock = threading.Lock()
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -113,22 +131,28 @@ class SearchHandlers:
             self._thumbnails[item_id] = path
         return path
 
-    def decode(self, value: Any) -> Image.Image:
-        """The query image a component sent (path, FileData, editor value or PIL image), or gr.Error saying why not."""
-        if isinstance(value, Image.Image):
-            return load_image(value, max_pixels=self.max_pixels)
-        path, name = _file_of(value)
-        if not path:
+    def decode(self, value: Any, name: str = "query image") -> Image.Image:
+        """The query image a component sent (path, FileData, editor value, PIL image, or the bytes of a
+        file named `name` sent to the JSON API), or gr.Error saying why not.
+
+        A path is read only if it is a regular file in the upload folder (`NOT_UPLOADED` otherwise,
+        before anything is opened); the image must fit the gallery's limits, so that it cannot fail
+        the inference call that it shares with other queries."""
+        path, name = (None, name) if isinstance(value, (Image.Image, bytes)) else _file_of(value)
+        if path:
+            value = uploaded_file(path, self.uploads)
+            if value is None:
+                raise gr.Error(NOT_UPLOADED, print_exception=False)
+        elif not isinstance(value, (Image.Image, bytes)):
             raise gr.Error("No image to search: upload, paste or take a webcam shot (a file that the query box "
                            "cannot show is not an image it can read).", print_exception=False)
         try:
-            return load_image(Path(path), max_pixels=self.max_pixels)
+            return load_image(value, max_pixels=self.max_pixels, min_side=self.min_side, name=name)
         except UnreadableImageError as exc:
-            reason = str(exc).replace(path, name)
-            raise gr.Error(f"Cannot search with this file. {reason}", print_exception=False) from None
+            raise gr.Error(f"Cannot search with this file. {exc}", print_exception=False) from None
 
-    def query(self, value: Any, k: Any = 10, label: Any = ALL_LABELS) -> Query:
-        """A checked query from raw component values."""
+    def query(self, value: Any, k: Any = 10, label: Any = ALL_LABELS, name: str = "query image") -> Query:
+        """A checked query from raw component values (`name`: the file's name, for bytes)."""
         try:
             k = int(k)
         except (TypeError, ValueError):
@@ -138,20 +162,32 @@ class SearchHandlers:
         label = None if label in (None, ALL_LABELS) else str(label)
         if label is not None and label not in self.labels:
             raise gr.Error(f"no label {label!r} in this gallery", print_exception=False)
-        return Query(self.decode(value), k, label)
+        return Query(self.decode(value, name), k, label)
 
-    def results(self, hits: Sequence[Any]) -> tuple[list[tuple[Path, str]], list[dict[str, Any]]]:
-        """The results gallery (thumbnail, caption) and the JSON list (id, score, label) of some hits."""
-        table = [{"id": int(h.id), "score": round(float(h.score), 4), "label": h.label} for h in hits]
+    def hits(self, queries: Sequence[Query]) -> list[list[dict[str, Any]]]:
+        """The hits (id, score, label) of checked queries, nearest first: they share inference calls with
+        every other query arriving meanwhile, the page's included."""
+        return [[{"id": int(h.id), "score": round(float(h.score), 4), "label": h.label} for h in hits]
+                for hits in self._search.map(list(queries))]
+
+    def results(self, hits: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+        """The results gallery (thumbnail, caption) of some hits (id, score, label), and those hits."""
         thumbs = [(str(self.thumbnail(row["id"])), f"{row['label'] or '-'} · {row['score']:.3f} · #{row['id']}")
-                  for row in table]
-        return thumbs, table
+                  for row in hits]
+        return thumbs, list(hits)
+
+    def public_info(self) -> dict[str, Any]:
+        """What the gallery tells about itself that a visitor may see (no server path: the model's file name)."""
+        info = dict(self.gallery.info())
+        if info.get("model"):
+            info["model"] = Path(str(info["model"])).name
+        return {key: info[key] for key in ABOUT if info.get(key) is not None}
 
     # -- the handlers --------------------------------------------------------------------------
 
     def search(self, image: Any, k: Any = 10, label: Any = ALL_LABELS):
         """The `/search` endpoint and the Search button: thumbnails with captions, and the hits as JSON."""
-        return self.results(self._search(self.query(image, k, label)))
+        return self.results(self.hits([self.query(image, k, label)])[0])
 
     def search_id(self, hits: list[dict[str, Any]] | None, k: Any, label: Any, evt: gr.SelectData):
         """A click on a result: that result's thumbnail becomes the query, and is searched."""
@@ -160,10 +196,25 @@ class SearchHandlers:
         path = str(self.thumbnail(int(hits[int(evt.index)]["id"])))
         return (path, *self.search(path, k, label))
 
+    def evaluation(self) -> tuple[Image.Image, list[list[Any]]]:
+        """The Evaluate tab (computed once): the worst queries of the served gallery, each labelled item
+        querying the others, and the per-class table (`CLASS_COLUMNS`), worst Recall@1 first."""
+        with self._evaluation_lock:
+            if self._evaluation is None:
+                items, names = labelled_items(self.gallery, EVALUATE_ITEMS)
+                try:
+                    ranking = rank(items)
+                except ValueError as exc:
+                    raise gr.Error(f"Cannot evaluate this gallery: {exc}.", print_exception=False) from None
+                classes, _ = class_table(ranking, items.labels, items.labels, names)
+                self._evaluation = (worst_queries(ranking, items, items, names),
+                                    [[row[c] for c in CLASS_COLUMNS] for row in classes])
+        return self._evaluation
+
     def about(self) -> str:
         """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
-        info = dict(self.gallery.info())
-        if not info.get("search_params") and info.get("exact"):
+        info = self.public_info()
+        if not info.get("search_params") and self.gallery.info().get("exact"):
             info["search_params"] = "exact search"
         tuning = info.get("tuning") or {}
         if "recall_at_10" in tuning:
@@ -171,10 +222,10 @@ class SearchHandlers:
         rows = []
         for key, name in ABOUT.items():
             value = info.get(key)
-            if key == "model" and value:
-                value = Path(str(value)).name
             if isinstance(value, Mapping):
                 value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+            if isinstance(value, list):
+                value = "; ".join(value) or None
             if value is not None:
                 rows.append(f"- **{name}**: `{value}`")
         return "\n".join(rows)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import ipaddress
+import math
 import signal
+import socket
 import threading
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
@@ -13,7 +19,13 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 from PIL import Image
 
-from metricsearch.app.web.handlers import ALL_LABELS, DEFAULT_QUERY_MAX_PIXELS, SearchHandlers
+from fastapi.middleware import Middleware
+
+from metricsearch.app.web.api import mount_api
+from metricsearch.app.web.handlers import (
+    ALL_LABELS, CLASS_COLUMNS, DEFAULT_QUERY_MAX_PIXELS, EVALUATE_ITEMS, SearchHandlers)
+from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, LoginThrottle
+from metricsearch.app.web.uploads import close_upload_folder, open_upload_folder
 
 #: system fonts only: the page makes no request to any other site
 THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
@@ -22,7 +34,8 @@ CSS = "#results img { image-rendering: pixelated; }"
 
 def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int = 10,
                examples: Sequence[Image.Image] = ()) -> gr.Blocks:
-    """The page's Blocks: query editor (upload, paste, webcam, crop), k, label filter, results, about panel.
+    """The page's Blocks: a Search tab (query editor: upload, paste, webcam, crop; k, label filter, results,
+    about panel) and, for a labelled gallery, an Evaluate tab (its worst queries and per-class table).
 
     Events: the Search button and an upload search; a click on a result searches with it; the
     named API endpoint `/search` takes one image (and optional k and label) and returns the
@@ -33,24 +46,36 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
     with gr.Blocks(title="metricsearch", delete_cache=(3600, 3600), analytics_enabled=False) as page:
         gr.Markdown("## metricsearch: visual search\nGive an image; crop it to search for a part. "
                     "Click a result to search with it.")
-        with gr.Row():
-            with gr.Column(scale=2):
-                query = gr.ImageEditor(
-                    label="query (upload, paste or webcam)", sources=("upload", "clipboard", "webcam"),
-                    type="filepath", image_mode="RGB", format="png", transforms=("crop",), brush=False,
-                    eraser=False, layers=False, height=360, elem_id="query")
-                k = gr.Slider(1, handlers.max_k, value=min(default_k, handlers.max_k), step=1, label="k")
-                label = gr.Dropdown(labels, value=ALL_LABELS, label="label filter", elem_id="label")
-                button = gr.Button("Search", variant="primary", elem_id="search")
-                if examples:
-                    gr.Examples([[image] for image in examples], inputs=[query], label="example queries")
-            with gr.Column(scale=3):
-                results = gr.Gallery(label="most similar", columns=4, height="auto", object_fit="contain",
-                                     allow_preview=False, elem_id="results")
-                with gr.Accordion("About this gallery", open=False):
-                    gr.Markdown(handlers.about(), elem_id="about")
-                with gr.Accordion("hits as JSON", open=False):
-                    hits = gr.JSON(label="hits", elem_id="hits")
+        with gr.Tab("Search"):
+            with gr.Row():
+                with gr.Column(scale=2):
+                    query = gr.ImageEditor(
+                        label="query (upload, paste or webcam)", sources=("upload", "clipboard", "webcam"),
+                        type="filepath", image_mode="RGB", format="png", transforms=("crop",), brush=False,
+                        eraser=False, layers=False, height=360, elem_id="query")
+                    k = gr.Slider(1, handlers.max_k, value=min(default_k, handlers.max_k), step=1, label="k")
+                    label = gr.Dropdown(labels, value=ALL_LABELS, label="label filter", elem_id="label")
+                    button = gr.Button("Search", variant="primary", elem_id="search")
+                    if examples:
+                        gr.Examples([[image] for image in examples], inputs=[query], label="example queries")
+                with gr.Column(scale=3):
+                    results = gr.Gallery(label="most similar", columns=4, height="auto", object_fit="contain",
+                                         allow_preview=False, elem_id="results")
+                    with gr.Accordion("About this gallery", open=False):
+                        gr.Markdown(handlers.about(), elem_id="about")
+                    with gr.Accordion("hits as JSON", open=False):
+                        hits = gr.JSON(label="hits", elem_id="hits")
+        if len(handlers.labels) >= 2:  # a labelled gallery: where its own model fails
+            with gr.Tab("Evaluate"):
+                gr.Markdown(f"Each labelled item (at most {EVALUATE_ITEMS:,}) queries all the others: the queries "
+                            "whose first correct hit ranks lowest (wrong labels framed red, the first correct green), "
+                            "and Recall@1 and MAP@R per class, worst first.")
+                evaluate = gr.Button("Evaluate this gallery", elem_id="evaluate")
+                worst = gr.Image(label="worst queries", type="pil", interactive=False, elem_id="worst")
+                classes = gr.Dataframe(headers=list(CLASS_COLUMNS), label="classes, worst first",
+                                       interactive=False, elem_id="classes")
+            evaluate.click(handlers.evaluation, outputs=[worst, classes], concurrency_limit=1,
+                           api_name="evaluate", api_visibility="private")
         api_image = gr.Image(type="filepath", image_mode=None, visible=False)
         api_trigger = gr.Button(visible=False)
 
@@ -94,55 +119,113 @@ class Server:
     resources: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def close(self) -> None:
-        """Stop the server, delete its thumbnail files, close the gallery and give the process back its
-        faiss thread count."""
+        """Stop the server, delete its thumbnail files and its upload folder, and give the process back
+        its faiss thread count (the gallery stays open)."""
+        self.page.close()
+        self.handlers.close()
+        close_upload_folder()
         self.resources.close()
 
 
+def _check_address(host: str, port: int) -> None:
+    """ValueError or OSError, in one line, unless a server could listen on `host`:`port` now."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port must be between 1 and 65535, got {port}")
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        except (socket.gaierror, UnicodeError):
+            raise ValueError(f"--host {host} is not an address or a known host name") from None
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
+            raise OSError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pass an address of "
+                          "this machine as --host") from None
+
+
 def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: list[tuple[str, str]] | None = None,
-          max_upload_mb: float = 10, concurrency: int = 4, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS,
-          examples: Sequence[Image.Image] = (), block: bool = True,
-          log: Callable[[str], None] = print) -> Server:
-    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/ until Ctrl-C or SIGTERM.
+          max_upload_mb: float = 10, concurrency: int = 4, max_pixels: float = DEFAULT_QUERY_MAX_PIXELS,
+          examples: Sequence[Image.Image] = (), block: bool = True, log: Callable[[str], None] = print,
+          login_failures: int = LOGIN_FAILURES, login_pause: float = LOGIN_PAUSE) -> Server:
+    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/, and its JSON API
+    under /api/ (api.py), until Ctrl-C.
 
     Binds 127.0.0.1 unless `host` says otherwise; `auth` is a list of (user, password); uploads
     over `max_upload_mb` or `max_pixels` are refused; `concurrency` searches run at once (those
     that arrive together share an inference call). No file path is ever served: thumbnails come
-    from the gallery's LMDB. With `block=False` it returns the running Server at once. Closing
-    it leaves the process as it was: faiss's thread count and the SIGTERM handler are restored.
+    from the gallery's LMDB, and queries are read only from the server's own upload folder (deleted
+    at exit). After `login_failures` failed logins from one address, its attempts wait out a pause
+    of `login_pause` seconds, doubled by each further failure. Bad arguments, an address it cannot
+    listen on, or a gallery whose model does not load: ValueError or OSError before anything starts.
+    With `block=False` it returns the running Server at once.
     """
-    for name, value in (("max upload MB", max_upload_mb), ("concurrency", concurrency), ("max pixels", max_pixels)):
-        if value <= 0:
-            raise ValueError(f"{name} must be positive, got {value}")
+    for name, value, least in (("--max-upload-mb", max_upload_mb, 1e-6), ("--concurrency", concurrency, 1),
+                               ("--max-megapixels", max_pixels / 1e6, 1e-6), ("login failures", login_failures, 1),
+                               ("login pause", login_pause, 1e-3)):
+        if not (math.isfinite(value) and value >= least):
+            raise ValueError(f"{name} must be a positive number, got {value:g}")
+    _check_address(host, port)
     from metricsearch.index import Gallery, search_threads
 
-    with ExitStack() as stack:
-        stack.enter_context(search_threads(1))  # requests run side by side (`concurrency`), one thread each
-        gallery = stack.enter_context(Gallery.open(db))
-        handlers = SearchHandlers(gallery, max_pixels=max_pixels)
-        stack.callback(handlers.close)
+    threads = ExitStack()  # one OpenMP thread per search while serving: requests run side by side
+    threads.enter_context(search_threads(1))
+    _return_large_buffers_to_the_system()
+    gallery = Gallery.open(db)
+    try:
+        gallery.embedder  # noqa: B018 -- the model loads now, or the command stops now
+    except BaseException:
+        gallery.close()
+        threads.close()
+        raise
+    uploads, handlers = open_upload_folder(), None
+    try:
+        handlers = SearchHandlers(gallery, max_pixels=int(max_pixels), uploads=uploads)
         page = build_page(handlers, concurrency=concurrency, examples=examples)
         page.queue(max_size=64 * concurrency)
-        try:
-            _, url, _ = page.launch(
-                server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
-                prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
-                theme=THEME, css=CSS)
-        except OSError as exc:
-            if "Cannot find empty port" in str(exc):
-                raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
-            raise
-        stack.callback(page.close)
-        server = Server(url, page, handlers, stack.pop_all())
-    message = f"serving {gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)"
+        _, url, _ = page.launch(
+            server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
+            prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
+            theme=THEME, css=CSS, app_kwargs={"middleware": [
+                Middleware(LoginThrottle, failures=login_failures, pause=login_pause)]})
+        mount_api(page.server_app, handlers, max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+                  concurrency=concurrency)
+    except BaseException as exc:
+        if handlers is not None:
+            handlers.close()
+        gallery.close()
+        close_upload_folder()
+        threads.close()
+        if isinstance(exc, OSError) and "Cannot find empty port" in str(exc):
+            raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
+        raise
+    server = Server(url, page, handlers, threads)
     if not block:
-        log(message)
+        log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
         return server
-    with server.resources:  # closed (server, thumbnails, gallery, threads) on the way out
-        server.resources.enter_context(_sigterm_interrupts())
-        log(message)
-        page.block_thread()  # until Ctrl-C (or SIGTERM)
+    try:
+        with _sigterm_interrupts():
+            log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
+            page.block_thread()  # until Ctrl-C (or SIGTERM)
+    finally:
+        server.close()
     return server
+
+
+def _return_large_buffers_to_the_system(threshold: int = 1 << 20) -> None:
+    """Make glibc map every buffer over `threshold` bytes on its own, so that a large query's pixels go
+    back to the system when freed (by default glibc raises that threshold as it goes and keeps such
+    buffers in per-thread arenas: the server kept the peak of its largest queries for good)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD; also stops glibc from adjusting it
+    except (OSError, AttributeError):  # not glibc: its own allocator's policy stands
+        pass
 
 
 @contextmanager

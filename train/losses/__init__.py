@@ -4,27 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from metricsearch.registry import Registry
-from metricsearch.train.losses.base import (
-    MetricLoss,
-    Mined,
-    PairLoss,
-    Weighting,
-    label_masks,
-    pair_masks,
+from metricsearch.train.context import TrainContext
+from metricsearch.train.losses import (  # noqa: F401  # each module registers its losses in LOSSES
+    binomial, contrastive, dro, ice, lifted, margin, ms, npair, triplet,
 )
-
-LOSSES: Registry[MetricLoss] = Registry("loss")
-register = LOSSES.register
-
-# Importing the modules registers their losses.
-from metricsearch.train.losses import ms, contrastive, dro, margin, npair, triplet, binomial, ice, lifted  # noqa: E402,F401
+from metricsearch.train.losses.base import MetricLoss, Mined, PairLoss, Weighting, label_masks, pair_masks
+from metricsearch.train.losses.registry import LOSSES, register
 
 
-def build(name: str, **params: Any) -> MetricLoss:
-    """A loss module by registry name; `class_counts` / `num_classes` / `num_images` reach only losses that take them."""
-    context = {k: params.pop(k) for k in ("class_counts", "num_classes", "num_images") if k in params}
-    return LOSSES.build(name, context, **params)
+def build(name: str, context: TrainContext | None = None, **params: Any) -> MetricLoss:
+    """A loss module by registry name; the training context's fields reach only the losses that take them."""
+    return LOSSES.build(name, context.as_dict() if context is not None else None, **params)
 
 
 def names() -> list[str]:

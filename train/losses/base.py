@@ -125,12 +125,20 @@ class MetricLoss(nn.Module):
         emb = embeddings if embeddings.dtype == torch.float64 else embeddings.float()
         return F.normalize(emb, dim=1) if self.normalize else emb
 
+    def check_weighting(self, weighting: Weighting | None) -> None:
+        """Raise a ValueError when a weighting is given to a loss that cannot take one."""
+        if weighting is not None and not self.accepts_weighting:
+            raise ValueError(
+                f"loss {type(self).__name__} does not take a pair weighting; "
+                "use a pair loss such as contrastive, or drop the weighting"
+            )
+
     def block(self, labels: Tensor) -> tuple[Tensor, Tensor] | None:
         """Rows and columns (batch indices) of the only block of S the loss reads; None: all of S."""
         return None
 
     def used_similarity(self, embeddings: Tensor, labels: Tensor) -> Tensor:
-        """The part of S that `loss_from_similarity` reads: all of S, or the block `block` names."""
+        """The part of S that `batch_loss` reads: all of S, or the block `block` names."""
         block = self.block(labels)
         if block is None:
             return self.similarity(embeddings)
@@ -147,23 +155,23 @@ class MetricLoss(nn.Module):
     ) -> Tensor:
         """The batch loss, a scalar tensor."""
         check_inputs(embeddings, labels)
-        if weighting is not None and not self.accepts_weighting:
-            raise ValueError(
-                f"loss {type(self).__name__} does not take a pair weighting; "
-                "use a pair loss such as contrastive, or drop the weighting"
-            )
+        self.check_weighting(weighting)
         sim = self.used_similarity(embeddings, labels)
-        out = self.loss_from_similarity(sim, labels, mined, weighting, indices)
+        out = self.batch_loss(sim, labels, mined, weighting, indices)
         extra = self.extra_loss(embeddings)
         if extra is not None:
             out = out + extra
         return out + zero_loss(embeddings)  # keeps the graph even where the loss is constant
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+    def batch_loss(
+        self, sim: Tensor, labels: Tensor, mined: Mined | None = None, weighting: Weighting | None = None,
         indices: Tensor | None = None,
     ) -> Tensor:
-        """The batch loss from `used_similarity` (S, or its block); subclasses implement this."""
+        """The batch loss from `used_similarity` (S, or its block); a pair loss also takes a weighting and indices."""
+        return self.loss_from_similarity(sim, labels, mined)
+
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
+        """The loss from S (or its block) and the mined pairs; every loss but the pair losses implements this."""
         raise NotImplementedError
 
     def extra_loss(self, embeddings: Tensor) -> Tensor | None:
@@ -173,11 +181,11 @@ class MetricLoss(nn.Module):
     def pair_weights(
         self, embeddings: Tensor, labels: Tensor, mined: Mined | None = None, indices: Tensor | None = None
     ) -> Tensor:
-        """B x B General Pair Weighting |dL/dS_ij|, by autograd through `loss_from_similarity`."""
+        """B x B General Pair Weighting |dL/dS_ij|, by autograd through `batch_loss`."""
         check_inputs(embeddings, labels)
         with torch.enable_grad():
             sim = self.used_similarity(embeddings.detach(), labels).requires_grad_(True)
-            loss = self.loss_from_similarity(sim, labels, mined, None, indices)
+            loss = self.batch_loss(sim, labels, mined, None, indices)
             (grad,) = torch.autograd.grad(loss, sim, allow_unused=True)
         weights = torch.zeros_like(sim) if grad is None else grad.abs()
         block = self.block(labels)
@@ -205,8 +213,8 @@ class PairLoss(MetricLoss):
         """The loss's own weighting: the mean over the pairs that count."""
         return masked_mean(losses, pos | neg)
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
+    def batch_loss(
+        self, sim: Tensor, labels: Tensor, mined: Mined | None = None, weighting: Weighting | None = None,
         indices: Tensor | None = None,
     ) -> Tensor:
         pos, neg = pair_masks(labels, mined)

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import register
-from metricsearch.train.losses.base import MetricLoss, Mined, Weighting, check_positive
+from metricsearch.train.losses.registry import register
+from metricsearch.train.losses.base import MetricLoss, Mined, check_positive
 from metricsearch.train.losses.lifted import lifted_star_terms
 from metricsearch.train.losses.ms import check_epsilon, ms_pairs
 
@@ -42,10 +42,7 @@ class BinomialDevianceLoss(MetricLoss):
         self.alpha, self.beta, self.base = alpha, beta, base
         self.mining, self.epsilon = mining, epsilon
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         return binomial_terms(sim, pos, neg, self.alpha, self.beta, self.base).mean()
 
@@ -70,10 +67,7 @@ class BinLiftedLoss(BinomialDevianceLoss):
     is not available to us.
     """
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         binomial = binomial_terms(sim, pos, neg, self.alpha, self.beta, self.base)
         lifted = lifted_star_terms(sim, pos, neg, self.alpha, self.beta)

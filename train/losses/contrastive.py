@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import PairLoss, check_positive, distances_from_similarity
 
 FORMS = ("distance", "similarity")

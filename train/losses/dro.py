@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import LOSSES, register
+from metricsearch.train.losses.registry import LOSSES, register
 from metricsearch.train.losses.base import PairLoss, Weighting, check_positive, masked_logsumexp
 
 

@@ -7,11 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Weighting,
     check_positive,
     masked_logsumexp,
     pair_masks,
@@ -61,10 +60,7 @@ class InstanceCrossEntropyLoss(MetricLoss):
         check_positive(scale=scale)
         self.scale, self.reweight = scale, reweight
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = pair_masks(labels, mined)
         n = sim.shape[0]
         lse_neg = masked_logsumexp(self.scale * sim, neg, dim=1)[:, None]

@@ -8,11 +8,10 @@ import math
 import torch
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Weighting,
     check_positive,
     distances_from_similarity,
     masked_logsumexp,
@@ -45,10 +44,7 @@ class LiftedStructureLoss(MetricLoss):
         check_positive(margin=margin)
         self.margin = margin
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = pair_masks(labels, mined)
         dist = distances_from_similarity(sim)
         # anchors without negatives sit at the lowest finite value, not -inf: logaddexp of two
@@ -74,10 +70,7 @@ class GeneralizedLiftedStructureLoss(MetricLoss):
             raise ValueError(f"margin must be a finite number, got {margin!r}")
         self.margin = margin
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = pair_masks(labels, mined)
         lse = masked_logsumexp(self.margin - sim, pos, dim=1) + masked_logsumexp(sim, neg, dim=1)
         valid = pos.any(dim=1) & neg.any(dim=1)
@@ -101,10 +94,7 @@ class LiftedStarLoss(MetricLoss):
         check_epsilon(epsilon)
         self.alpha, self.beta, self.mining, self.epsilon = alpha, beta, mining, epsilon
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         return lifted_star_terms(sim, pos, neg, self.alpha, self.beta).mean()
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import PairLoss, distances_from_similarity
 
 BETA_MODES = ("fixed", "learned", "class", "image")

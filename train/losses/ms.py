@@ -6,11 +6,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Weighting,
     check_positive,
     masked_logsumexp,
     pair_masks,
@@ -65,10 +64,7 @@ class MultiSimilarityLoss(MetricLoss):
         self.alpha, self.beta, self.base, self.epsilon = alpha, beta, base, epsilon
         self.mining = mining
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
         pos_term = log1p_sum_exp(-self.alpha * (sim - self.base), pos) / self.alpha
         neg_term = log1p_sum_exp(self.beta * (sim - self.base), neg) / self.beta
@@ -95,10 +91,7 @@ class MSMiningLoss(MetricLoss):
         check_epsilon(epsilon)
         self.epsilon = epsilon
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         pos, neg = ms_pairs(sim, labels, mined, True, self.epsilon)
         zero = torch.zeros_like(sim)
         per_pair = torch.where(neg, 1.0 + sim, zero) + torch.where(pos, 1.0 - sim, zero)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import register
-from metricsearch.train.losses.base import MetricLoss, Mined, Weighting, zero_loss
+from metricsearch.train.losses.registry import register
+from metricsearch.train.losses.base import MetricLoss, Mined, zero_loss
 
 
 def first_two_per_class(labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -53,10 +53,7 @@ class NPairLoss(MetricLoss):
         """The anchors (rows) and positives (columns): the first two images of each class."""
         return first_two_per_class(labels)
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         """The N-pair loss from the anchor-positive block of S (0, with graph, when it is empty)."""
         return npair_loss(sim) if sim.numel() > 0 else zero_loss(sim)
 

@@ -16,11 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from metricsearch.train.losses import register
+from metricsearch.train.losses.registry import register
 from metricsearch.train.losses.base import (
     MetricLoss,
     Mined,
-    Weighting,
     distances_from_similarity,
     pair_masks,
 )
@@ -92,10 +91,7 @@ class TripletLoss(MetricLoss):
             raise ValueError(f"margin must be >= 0, got {margin}")
         self.margin = margin
 
-    def loss_from_similarity(
-        self, sim: Tensor, labels: Tensor, mined: Mined | None, weighting: Weighting | None,
-        indices: Tensor | None = None,
-    ) -> Tensor:
+    def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         dist = (2.0 - 2.0 * sim).clamp(min=0.0) if self.squared else distances_from_similarity(sim)
         if mined is not None and mined.triplets is not None:
             a, p, n = mined.triplets

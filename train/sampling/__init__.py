@@ -6,20 +6,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from metricsearch.registry import Registry
+from metricsearch.train.context import TrainContext
 from metricsearch.train.losses.base import Mined, Weighting
-from metricsearch.train.sampling.base import LabelBatchSampler
-
-SAMPLERS: Registry[LabelBatchSampler] = Registry("sampler")
-MINERS: Registry[Callable[..., Mined]] = Registry("miner")
-WEIGHTINGS: Registry[Weighting] = Registry("weighting")
-register_sampler = SAMPLERS.register
-register_miner = MINERS.register
-register_weighting = WEIGHTINGS.register
-
-# Importing the modules registers their entries.
-from metricsearch.train.sampling import (  # noqa: E402,F401
+from metricsearch.train.sampling import (  # noqa: F401  # each module registers its entries
     distance_weighted, dro, group, hard_class, importance, miners, p_random,
+)
+from metricsearch.train.sampling.base import LabelBatchSampler
+from metricsearch.train.sampling.registry import (
+    MINERS, SAMPLERS, WEIGHTINGS, register_miner, register_sampler, register_weighting,
 )
 
 
@@ -33,7 +27,10 @@ def build_miner(name: str, **params: Any) -> Callable[..., Mined]:
     return MINERS.build(name, None, **params)
 
 
-def build_weighting(name: str, context: dict[str, Any] | None = None, **params: Any) -> Weighting:
-    """A pair weighting (per-pair losses -> the batch loss) by registry name."""
-    return WEIGHTINGS.build(name, context, **params)
+def build_weighting(name: str, context: TrainContext | dict[str, Any] | None = None, **params: Any) -> Weighting:
+    """A pair weighting (per-pair losses -> the batch loss) by registry name; the context's fields reach those that take them."""
+    return WEIGHTINGS.build(name, context.as_dict() if isinstance(context, TrainContext) else context, **params)
 
+
+__all__ = ["MINERS", "SAMPLERS", "WEIGHTINGS", "LabelBatchSampler", "Mined", "TrainContext", "Weighting", "build_miner",
+           "build_sampler", "build_weighting", "register_miner", "register_sampler", "register_weighting"]

@@ -30,11 +30,7 @@ def check_compatible(
             f"miner {type(miner).__name__} yields pairs but loss {loss_name} takes triplets; "
             "use a triplet miner (semihard, hard, batch_hard, distance_weighted) or a pair loss"
         )
-    if weighting is not None and not loss.accepts_weighting:
-        raise ValueError(
-            f"loss {loss_name} does not take a pair weighting; use a pair loss such as contrastive "
-            "or drop the weighting"
-        )
+    loss.check_weighting(weighting)
     if sampler is not None and sampler.fixes_pairs and loss.mines != "pairs":
         raise ValueError(
             f"sampler {type(sampler).__name__} fixes the pairs of each batch but loss {loss_name} needs "
@@ -44,5 +40,5 @@ def check_compatible(
         if weighting.sampler is not sampler:  # it was built, so its own sampler has a known design
             raise ValueError(
                 "importance weighting was built for another sampler than the one training; build it "
-                "with context={'sampler': <the training sampler>}"
+                "with the training sampler in its context"
             )

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from metricsearch.train.sampling import register_sampler
+from metricsearch.train.sampling.registry import register_sampler
 from metricsearch.train.sampling.base import Design, LabelBatchSampler, draw_per_class
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from metricsearch.train.sampling import register_sampler
+from metricsearch.train.sampling.registry import register_sampler
 from metricsearch.train.sampling.base import LabelBatchSampler, draw_per_class
 
 

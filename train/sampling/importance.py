@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from metricsearch.train.sampling import register_weighting
+from metricsearch.train.sampling.registry import register_weighting
 from metricsearch.train.sampling.base import LabelBatchSampler
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from metricsearch.train.losses.base import Mined, check_inputs, distances_from_similarity, pair_masks
 from metricsearch.train.losses.ms import ms_mine
-from metricsearch.train.sampling import register_miner
+from metricsearch.train.sampling.registry import register_miner
 
 
 def normalized_similarity(embeddings: Tensor) -> Tensor:

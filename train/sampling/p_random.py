@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from metricsearch.train.losses.base import Mined
-from metricsearch.train.sampling import register_sampler
+from metricsearch.train.sampling.registry import register_sampler
 from metricsearch.train.sampling.base import Design, LabelBatchSampler
 
 

@@ -10,6 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from metricsearch.train.context import TrainContext
 from metricsearch.train.losses.base import MetricLoss, label_masks
 
 
@@ -86,6 +87,6 @@ def inspect_loss(
         labels = torch.as_tensor(batch.labels)
     else:
         embeddings, labels = random_batch(classes, per_class, dim, seed)
-    stats = {"class_counts": {int(c): int((labels == c).sum()) for c in labels.unique()},
-             "num_classes": int(labels.max()) + 1}
-    return plot_pair_weights({name: registry.build(name, **stats) for name in names}, embeddings, labels, out)
+    counts = {int(c): int((labels == c).sum()) for c in labels.unique()}
+    context = TrainContext(labels.numpy(), counts, int(labels.max()) + 1, len(labels))
+    return plot_pair_weights({name: registry.build(name, context) for name in names}, embeddings, labels, out)

@@ -1,0 +1,34 @@
+"""What training passes the losses, samplers and weightings about its training set (never set in a config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from metricsearch.data import ImageSet
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """The training set's labels and class sizes, and the batch sampler once built."""
+
+    labels: np.ndarray
+    class_counts: dict[int, int]
+    num_classes: int
+    num_images: int
+    sampler: Any = None  # the LabelBatchSampler, for the weightings that correct for its design
+
+    @classmethod
+    def of(cls, images: ImageSet, sampler: Any = None) -> "TrainContext":
+        """The context of a training set."""
+        return cls(np.asarray(images.labels), images.class_counts(), len(images.class_names), len(images), sampler)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its fields by name, as a registry passes them to the factories that take them."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+#: the parameter names a component receives from the TrainContext rather than from its config section
+CONTEXT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainContext))
