@@ -17,6 +17,7 @@ from typing import Any, Callable
 import metricsearch
 
 STATE_FILE = "demo.json"
+OFF_THE_SHELF = "off-the-shelf.onnx"
 CONFIGS = Path(metricsearch.__file__).resolve().parent / "configs"
 #: the embedded default: Omniglot's minimal background sets, trained with configs/demo.yaml
 DEFAULT_DATASET = "omniglot"
@@ -118,6 +119,9 @@ def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch
         new_model = len(ran) > 1  # a new model makes a new gallery; else a build cut short goes on
         summary = build_gallery(model, dataset, db, split="test", resume=not new_model and db.exists(),
                                 overwrite=new_model)
+        photos = grocery_specs(dataset)
+        if photos is not None:
+            summary = _add_catalogue(db, photos["catalogue"], summary, log)
         state.finish("index", {"count": summary.count, "failed": summary.failed, "index": summary.index})
     metrics = state.done("evaluate", state.path)
     metrics = metrics if metrics is None or "pixels" in metrics else None  # a folder from before the comparison
@@ -126,6 +130,14 @@ def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch
         metrics = compare_with_pixels(dataset, model)
         state.finish("evaluate", metrics)
     log(format_comparison(metrics))
+    photos = grocery_specs(dataset)
+    if photos is not None:
+        compared = state.done("compare", workdir / OFF_THE_SHELF)
+        if compared is None or ran:
+            compared = compare_with_off_the_shelf(photos, model, workdir / OFF_THE_SHELF,
+                                                  demo_config(dataset, workdir)["model"]["backbone"])
+            state.finish("compare", compared)
+        log(format_photo_comparison(compared))
     sample, examples = _sample_search(dataset, db, log)
     result = DemoResult(workdir, run_dir, model, db, metrics, sample, reused)
     if serve:
@@ -205,3 +217,60 @@ def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 
               for row in sample]
     log("\n".join(lines))
     return sample, examples
+
+
+def grocery_specs(dataset: str) -> dict[str, str] | None:
+    """For a `grocery:PATH[#halfN]` demo, the held-out half's specs: query photos (test list), photo gallery
+    (train+val lists) and catalogue images; None for other data sets."""
+    from metricsearch.data.grocery import HALVES, parse
+
+    name, _, rest = dataset.partition(":")
+    if name != "grocery":
+        return None
+    root, selection = parse(Path(rest))
+    base, half = f"grocery:{root}", selection.half or HALVES[1]
+    return {"query": f"{base}#test,{half}", "gallery": f"{base}#train+val,{half}",
+            "catalogue": f"{base}#catalogue,{half}"}
+
+
+def _add_catalogue(db: Path, catalogue: str, summary: Any, log: Callable[[str], None]) -> Any:
+    """Index the held-out classes' catalogue images beside their photos; the build summary with them counted."""
+    from dataclasses import replace
+
+    from metricsearch.index import add_images
+
+    added = add_images(db, catalogue)
+    log(f"      + {added.indexed} catalogue images of the held-out classes")
+    return replace(summary, count=added.count, failed=summary.failed + added.failed)
+
+
+def compare_with_off_the_shelf(photos: dict[str, str], model: Path, baseline: Path, backbone: str) -> dict[str, Any]:
+    """Photo -> photo Recall@1 and MAP@R, photo -> catalogue accuracy@1 on the held-out classes, of the
+    backbone's off-the-shelf ImageNet features (exported to `baseline`) and of the fine-tuned `model`."""
+    from metricsearch.evaluation import evaluate_model
+    from metricsearch.models import OnnxEmbedder
+    from metricsearch.train import export_pretrained
+
+    if not baseline.is_file():
+        export_pretrained(backbone, baseline, images=photos["query"])
+    figures: dict[str, Any] = {}
+    for name, path in (("off-the-shelf", baseline), ("fine-tuned", model)):
+        embedder = OnnxEmbedder(path)
+        photo = evaluate_model(embedder, query=photos["query"], gallery=photos["gallery"], recall_k=(1,),
+                               with_nmi=False)
+        shop = evaluate_model(embedder, query=photos["query"], gallery=photos["catalogue"], recall_k=(1,),
+                              with_nmi=False)
+        figures[name] = {"photo_recall_at_1": photo["recall_at_k"][1], "photo_map_at_r": photo["map_at_r"],
+                         "catalogue_accuracy_at_1": shop["recall_at_k"][1]}
+    return figures
+
+
+def format_photo_comparison(figures: dict[str, Any]) -> str:
+    """The off-the-shelf and fine-tuned figures side by side."""
+    rows = (("photo -> photo Recall@1", "photo_recall_at_1"), ("photo -> photo MAP@R", "photo_map_at_r"),
+            ("photo -> catalogue accuracy@1", "catalogue_accuracy_at_1"))
+    lines = ["held-out classes: off-the-shelf ImageNet features vs fine-tuned",
+             f"  {'':30} {'off-the-shelf':>13} {'fine-tuned':>10}"]
+    lines += [f"  {label:30} {figures['off-the-shelf'][key]:13.3f} {figures['fine-tuned'][key]:10.3f}"
+              for label, key in rows]
+    return "\n".join(lines)

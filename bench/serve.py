@@ -1,12 +1,15 @@
-"""Latency and throughput of the search page's `/search` API against a gallery, beside bare `Gallery.search`.
+"""Latency and throughput of the served search, both paths (the page's queued `/search` endpoint and the
+JSON API's `POST /api/search`), against a gallery, beside bare `Gallery.search`.
 
 Builds (once, under --workdir) a gallery of --items images: the digits, scaled to 28 px and
 jittered (rotation, shift, noise) so that no two are alike; then serves it with
 `metricsearch serve` in a subprocess on 127.0.0.1 and sends --queries fresh jittered digits
-from 1 and from 8 concurrent `gradio_client` clients (each its own thread and connection). In
+from 1 and from 8 concurrent clients (each its own thread and connection) of each path:
+`gradio_client` for `/search`, an httpx client posting the PNG for `/api/search`. In
 the same run it times `Gallery.search` on the same query files, one at a time, in this process
 (one faiss thread, as the server runs it).
-Prints one markdown table: p50/p99 latency, throughput and errors, and the served/bare p50 ratio.
+Prints one markdown table: p50/p99 latency, throughput and errors, the served/bare p50 ratio, and the
+JSON route's p50 over the page path's at the same client count.
 
     metricsearch demo --no-serve     # makes metricsearch-demo/model.onnx
     python bench/serve.py --model metricsearch-demo/model.onnx --items 10000 --queries 400
@@ -15,6 +18,7 @@ Prints one markdown table: p50/p99 latency, throughput and errors, and the serve
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
@@ -23,6 +27,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import faiss
 import numpy as np
@@ -79,22 +84,42 @@ def wait_for(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
     raise SystemExit(f"the server did not answer on {url} within {timeout:.0f} s")
 
 
-def run_clients(url: str, queries: list[Path], clients: int, k: int) -> tuple[list[float], int, float]:
-    """(per-request seconds, errors, wall seconds) of `clients` threads sharing the queries."""
+def gradio_caller(url: str, k: int) -> Callable[[Path], object]:
+    """One client of the page's queued `/search` endpoint."""
     from gradio_client import Client, handle_file
 
     # ssl_verify=False: there is no TLS on http://127.0.0.1, but gradio_client builds a new httpx client,
     # loading the CA bundle (~50 ms of CPU), for each call unless told not to verify
-    connections = [Client(url, verbose=False, download_files=False, ssl_verify=False) for _ in range(clients)]
+    client = Client(url, verbose=False, download_files=False, ssl_verify=False)
+    return lambda q: client.predict(handle_file(str(q)), k, api_name="/search")
+
+
+def json_caller(url: str, k: int) -> Callable[[Path], object]:
+    """One client (one keep-alive connection) of the JSON API's `POST /api/search`."""
+    import httpx
+
+    client = httpx.Client(base_url=url, timeout=60)
+
+    def call(q: Path) -> object:
+        answer = client.post("api/search", files={"image": (q.name, q.read_bytes(), "image/png")}, data={"k": k})
+        answer.raise_for_status()
+        return answer.json()["hits"]
+    return call
+
+
+def run_clients(make: Callable[[], Callable[[Path], object]], queries: list[Path],
+                clients: int) -> tuple[list[float], int, float]:
+    """(per-request seconds, errors, wall seconds) of `clients` threads sharing the queries."""
+    connections = [make() for _ in range(clients)]
     for c in connections:  # warm-up: one query each, not timed
-        c.predict(handle_file(str(queries[0])), k, api_name="/search")
+        c(queries[0])
 
     def worker(c: int) -> tuple[list[float], int]:
         times, errors = [], 0
         for q in queries[c::clients]:
             start = time.perf_counter()
             try:
-                connections[c].predict(handle_file(str(q)), k, api_name="/search")
+                connections[c](q)
                 times.append(time.perf_counter() - start)
             except Exception as exc:  # counted, not raised: the run goes on
                 errors += 1
@@ -127,6 +152,7 @@ def main() -> None:
         build_gallery(args.model, f"folder:{work / f'images-{args.items}'}", db, overwrite=True)
     queries = jittered_digits(Path(tempfile.mkdtemp(prefix="queries-", dir=work)), args.queries, seed=1)
 
+    load_before = f"{os.getloadavg()[0]:.1f}"
     faiss.omp_set_num_threads(1)  # as `metricsearch serve` runs its searches
     with Gallery.open(db) as gallery:
         info = gallery.info()
@@ -142,14 +168,16 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}/"
     server = subprocess.Popen([sys.executable, "-m", "metricsearch", "serve", "--db", str(db), "--port", str(port),
                                "--concurrency", str(args.concurrency)], stdout=subprocess.DEVNULL)
-    rows = []
+    rows, page_p50 = [], {}
     try:
         wait_for(url, server)
         for clients in args.clients:
-            times, errors, wall = run_clients(url, queries, clients, args.k)
-            p50, p99 = percentiles(times)
-            rows.append(f"| {clients} | {p50:.1f} | {p99:.1f} | {len(times) / wall:.1f} | {errors} | "
-                        f"{bare_p50:.2f} | {p50 / bare_p50:.1f} |")
+            for path, caller in (("page `/search`", gradio_caller), ("JSON `/api/search`", json_caller)):
+                times, errors, wall = run_clients(lambda: caller(url, args.k), queries, clients)
+                p50, p99 = percentiles(times)
+                page_p50.setdefault(clients, p50)
+                rows.append(f"| {path} | {clients} | {p50:.1f} | {p99:.1f} | {len(times) / wall:.1f} | {errors} | "
+                            f"{bare_p50:.2f} | {p50 / bare_p50:.1f} | {p50 / page_p50[clients]:.2f} |")
     finally:
         server.terminate()
         server.wait(30)
@@ -157,8 +185,10 @@ def main() -> None:
     print(f"gallery: {info['count']} items, {info['dim']}-d, index {info['index_type']} {info['search_params']}, "
           f"k = {args.k}, {len(queries)} queries per row, server --concurrency {args.concurrency}; "
           f"bare Gallery.search p50 {bare_p50:.2f} ms, p99 {bare_p99:.2f} ms (one query at a time, same files)\n")
-    print("| clients | p50 (ms) | p99 (ms) | queries/s | errors | bare search p50 (ms) | served/bare p50 |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"load average before / after: {load_before} / {os.getloadavg()[0]:.1f}\n")
+    print("| path | clients | p50 (ms) | p99 (ms) | queries/s | errors | bare search p50 (ms) | served/bare p50 "
+          "| p50 / page p50 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 

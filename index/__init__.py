@@ -16,7 +16,7 @@ No torch and nothing from metricsearch.train is imported here.
 from metricsearch.index.autoindex import build_index
 from metricsearch.index.catalog import Hit, Hits, SearchResults
 from metricsearch.index.duplicates import draw_duplicates, find_duplicates
-from metricsearch.index.evaluate import evaluate_gallery
+from metricsearch.index.evaluate import evaluate_gallery, labelled_items
 from metricsearch.index.faiss_index import choose_index, select_device
 from metricsearch.index.gallery import Gallery
 from metricsearch.index.jobs import JobSummary, add_images, build_gallery, rebuild_index, remove_items
@@ -25,4 +25,5 @@ from metricsearch.index.verify import gallery_info, verify_gallery
 
 __all__ = ["EmbedStep", "Gallery", "Hit", "Hits", "ImageReader", "JobSummary", "ReadSettings", "SearchResults",
            "add_images", "build_gallery", "build_index", "choose_index", "draw_duplicates", "evaluate_gallery",
-           "find_duplicates", "gallery_info", "rebuild_index", "remove_items", "select_device", "verify_gallery"]
+           "find_duplicates", "gallery_info", "labelled_items", "rebuild_index", "remove_items", "select_device",
+           "verify_gallery"]

@@ -58,11 +58,29 @@ def evaluate_gallery(db: str | Path, recall_k: Sequence[int] | None = None, with
             result["recall_at_10_vs_exact"] = round(recall_without_self(
                 found_ids[:len(sample), :10], ids[exact], ids[sample], 10), 4)
         if report is not None:
-            from metricsearch.evaluation.report import ReportSet, write_report
+            from metricsearch.evaluation.report import write_report
 
-            write_report(report, result, catalog.names, ReportSet(
-                vectors[labelled], codes[labelled], lambda i: stored_image(gallery, int(ids[labelled[i]]))))
+            write_report(report, result, catalog.names, _report_set(gallery, ids[labelled], vectors[labelled],
+                                                                    codes[labelled]))
         return result
+
+
+def _report_set(gallery: Gallery, ids: np.ndarray, vectors: np.ndarray, codes: np.ndarray):
+    """The evaluation.report view of some items: their vectors, label codes and stored images."""
+    from metricsearch.evaluation.report import ReportSet
+
+    return ReportSet(vectors, codes, lambda i: stored_image(gallery, int(ids[i])))
+
+
+def labelled_items(gallery: Gallery, most: int | None = None, seed: int = 0):
+    """(ReportSet of the gallery's labelled items, or of `most` of them drawn at random; the label names)."""
+    catalog = gallery.catalog
+    labelled = np.flatnonzero(catalog.codes >= 0)
+    if most is not None and len(labelled) > most:
+        labelled = np.sort(np.random.default_rng(seed).choice(labelled, most, replace=False))
+    with gallery.store.read() as txn:
+        ids, vectors = gallery.store.vectors(txn, catalog.ids[labelled])
+    return _report_set(gallery, ids, vectors, catalog.codes[labelled]), list(catalog.names)
 
 
 def stored_image(gallery: Gallery, item_id: int) -> Image.Image:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 from metricsearch.app.cli import build_parser, main
@@ -106,8 +107,11 @@ def test_train_combines_components_from_the_command_line(tmp_path, capsys) -> No
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     saved = (Path(summary["run_dir"]) / "config.yaml").read_text()
-    assert "p_random" in saved and "importance" in saved
-    assert 0.0 < summary["last"]["recall_at_k"]["1"] <= 1.0
+    config = yaml.safe_load(saved)
+    assert config["sampler"]["name"] == "p_random" and config["sampler"]["p"] == 0.1
+    assert config["weighting"]["name"] == "importance" and config["loss"]["name"] == "contrastive"
+    rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    assert summary["last"]["recall_at_k"] == json.loads(rows[-1])["recall_at_k"]  # what it printed is what it ran
 
 
 def test_incompatible_components_are_refused_at_start_up(tmp_path, capsys) -> None:

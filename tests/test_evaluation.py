@@ -73,3 +73,15 @@ def test_bad_shapes_are_refused() -> None:
         retrieval_metrics(np.zeros(5), np.zeros(5))
     with pytest.raises(ValueError, match="one label"):
         retrieval_metrics(np.zeros((5, 2)), np.zeros(4))
+
+
+def test_per_average_precision_at_r_averages_to_map_at_r() -> None:
+    from metricsearch.evaluation.metrics import nearest, average_precision_at_r, retrieval_metrics, sq_distances
+
+    rng = np.random.default_rng(3)
+    q, g = rng.normal(size=(40, 8)).astype(np.float32), rng.normal(size=(90, 8)).astype(np.float32)
+    ql, gl = rng.integers(0, 5, 40), rng.integers(0, 5, 90)
+    r = (gl[None, :] == ql[:, None]).sum(1)
+    ap = average_precision_at_r(gl[nearest(sq_distances(q, g), int(r.max()))] == ql[:, None], r)
+    assert ap.shape == (40,) and len(set(np.round(ap, 6))) > 5
+    assert ap.mean() == pytest.approx(retrieval_metrics(q, ql, g, gl, (1,))["map_at_r"], abs=1e-12)

@@ -234,11 +234,23 @@ def test_gradcheck(name, params):
     assert torch.autograd.gradcheck(lambda e: loss(e, labels), (emb,))
 
 
-def test_pair_weights_equal_autograd_through_similarity():
+@pytest.mark.parametrize(("name", "params", "reference"),
+                         [case for case in CASES if case[0] in ("triplet", "triplet_l2", "margin", "dro_kl",
+                                                                  "contrastive", "dro_topk")])
+def test_pair_weights_are_the_loss_gradient_in_s(name, params, reference):
+    """|dL/dS| from pair_weights, signed (positives pull, negatives push) and taken back through S = f f^T and
+    f = e/|e| by the chain rule, is the gradient of the slow loop reference with respect to the embeddings
+    (S is symmetric, so this sees W_ij + W_ji of each pair)."""
     emb, labels = batch("unbalanced")
-    for name in ("triplet", "margin", "dro_kl", "contrastive"):
-        weights = build(name).pair_weights(emb, labels)
-        assert weights.shape == (len(labels), len(labels)) and weights.sum() > 0
+    weights = build(name, **params).pair_weights(emb, labels)
+    same = labels[:, None] == labels[None, :]
+    assert torch.all(weights.diagonal() == 0)
+    signed = torch.where(same, -weights, weights)  # dL/dS_ij: a positive pair's loss falls as S_ij grows
+    emb_ref = emb.detach().clone().requires_grad_(True)
+    f = emb_ref / emb_ref.norm(dim=1, keepdim=True)
+    (through_s,) = torch.autograd.grad(f, emb_ref, (signed + signed.t()) @ f.detach())
+    (expected,) = torch.autograd.grad(reference(emb_ref, labels), emb_ref)
+    torch.testing.assert_close(through_s, expected, rtol=1e-6, atol=1e-10)
 
 
 def test_npair_reads_only_its_block_of_s_and_weighs_pairs_by_the_full_matrix_gradient():

@@ -173,6 +173,25 @@ def test_about_panel_names_model_size_index_and_device(handlers) -> None:
     assert str(handlers.gallery.db) not in about  # no server paths on the page
 
 
+def test_evaluate_tab_shows_the_worst_queries_and_classes_of_the_served_gallery(handlers, digits_gallery) -> None:
+    from metricsearch.app.web.handlers import CLASS_COLUMNS
+    from metricsearch.evaluation.thumbnails import GREEN, RED
+    from metricsearch.index import evaluate_gallery
+
+    worst, classes = handlers.evaluation()
+    assert isinstance(worst, Image.Image) and worst.width > 96 and worst.height > 96
+    rows = [dict(zip(CLASS_COLUMNS, row)) for row in classes]
+    assert sorted(row["label"] for row in rows) == handlers.labels
+    assert [row["recall_at_1"] for row in rows] == sorted(row["recall_at_1"] for row in rows)  # worst first
+    metrics = evaluate_gallery(digits_gallery, with_nmi=False)
+    assert sum(row["queries"] for row in rows) == metrics["n_queries"]
+    weighted = sum(row["queries"] * row["recall_at_1"] for row in rows) / metrics["n_queries"]
+    assert abs(weighted - metrics["recall_at_k"][1]) <= 0.01, (weighted, metrics["recall_at_k"])
+    assert handlers.evaluation() is handlers.evaluation()  # computed once per server
+    assert any(row["recall_at_1"] < 1 for row in rows)  # the digits model misses some: their rows show red frames
+    assert np.all(np.asarray(worst) == RED, axis=-1).sum() > 100 and np.all(np.asarray(worst) == GREEN, axis=-1).any()
+
+
 # -- a real server on 127.0.0.1, through gradio_client ----------------------------------------
 
 def test_client_search_bad_upload_then_good_again(server, gallery_items, tmp_path: Path) -> None:

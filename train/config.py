@@ -82,6 +82,12 @@ class EvalConfig(Section):
     one_shot_ways: Annotated[int, _at_least(2)] | None = None
 
 
+class LoggingConfig(Section):
+    """The `logging` section: where a run's numbers go besides metrics.jsonl."""
+
+    tensorboard: bool = False  # true: TensorBoard event files in RUN_DIR/tensorboard/ (train/board.py)
+
+
 class TrainConfig(Section):
     """A whole training config, typed; `load_config` builds one over the packaged digits recipe."""
 
@@ -109,6 +115,7 @@ class TrainConfig(Section):
     cache_images: bool = True
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: Count = 50
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
 #: model keys that belong to its backbone: a new `model.backbone` drops the ones the base recipe set
@@ -248,11 +255,12 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     missing = [key for key in DEFAULTS if key not in config]
     if missing:
         raise ValueError(f"the config lacks key(s) {', '.join(missing)}; build it with load_config")
-    for section in ("model", "eval", *SECTIONS):
+    for section in ("model", "eval", "logging", *SECTIONS):
         if not isinstance(config[section], dict) and not (section in OPTIONAL and config[section] is None):
             raise ValueError(f"config key {section} must be a mapping, got {config[section]!r}")
     check_model(config["model"])
     check_keys(config["eval"], EvalConfig.model_fields, "eval.")
+    check_keys(config["logging"], LoggingConfig.model_fields, "logging.")
     for section, (registry, passed, own) in SECTIONS.items():
         check_component(config, section, registry, passed, own)
     return _validated(TrainConfig, config, "")

@@ -24,6 +24,7 @@ from metricsearch.evaluation import evaluate_split
 from metricsearch.models.embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
+from metricsearch.train.board import Board
 from metricsearch.train.config import component, validate_config
 from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
@@ -116,12 +117,13 @@ def train(
     """
     validate_config(config)
     setup = build_setup(config, progress)
-    main = setup.dist.is_main
+    main, board = setup.dist.is_main, None
     try:
         run_dir = _prepare_run_dir(config, resume, overwrite, write=main)
         state = restore(setup, run_dir) if resume else RunState()
         if main:
             _write_metrics(run_dir, state.history)
+        board = Board(run_dir) if main and config["logging"]["tensorboard"] else None
         epochs = int(config["epochs"])
         for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
             row = train_epoch(setup, epoch, run_dir, progress and main)
@@ -131,11 +133,17 @@ def train(
             held_out = len(setup.split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
             if held_out and ((epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs):
                 row.update(_evaluate(setup.model, setup.split, config))
+                if board is not None:
+                    board.evaluation(epoch + 1, setup.model, setup.split.test, setup.loss, int(config["seed"]))
             save_epoch(setup, state, row, run_dir)
+            if board is not None:
+                board.row(row)
             if progress:
                 _report(row, epoch, epochs)
         barrier(setup.dist)  # the other ranks wait for rank 0's last evaluation and checkpoint
     finally:
+        if board is not None:
+            board.close()
         shutdown(setup.dist)
     best = state.best_recall_at_1 if state.best_recall_at_1 >= 0 else None
     return RunResult(run_dir, len(state.history), best, state.history[-1] if state.history else {}, main)
@@ -217,7 +225,7 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     bar.close()
     mean = finite_mean(total, steps, checked, epoch, run_dir)
     return {"epoch": epoch + 1, "loss": mean, "images_per_s": seen / (time.perf_counter() - t0),
-            "world_size": setup.dist.world_size}
+            "lr": setup.scheduler.get_last_lr()[0], "world_size": setup.dist.world_size}
 
 
 def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) -> Tensor:

@@ -34,14 +34,18 @@ class Coalescer(Generic[Item, Result]):
 
     def __call__(self, item: Item) -> Result:
         """The result of `item`, computed in one call together with whatever else is waiting."""
-        future: Future = Future()
+        return self.map([item])[0]
+
+    def map(self, items: Sequence[Item]) -> list[Result]:
+        """The results of several items, in order: they join the waiting items as one caller's (a batch request)."""
+        futures: list[Future] = [Future() for _ in items]
         with self._cond:
-            self._pending.append((item, future))
-        while not future.done():
+            self._pending.extend(zip(items, futures))
+        while not all(future.done() for future in futures):
             with self._cond:
-                while self._running and not future.done():
+                while self._running and not all(future.done() for future in futures):
                     self._cond.wait()
-                if future.done():
+                if all(future.done() for future in futures):
                     break
                 self._running = True
                 batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
@@ -52,7 +56,7 @@ class Coalescer(Generic[Item, Result]):
                 with self._cond:
                     self._running = False
                     self._cond.notify_all()
-        return future.result()
+        return [future.result() for future in futures]
 
     def _run(self, batch: list[tuple[Item, Future]]) -> None:
         try:

@@ -29,6 +29,8 @@ from PIL import Image
 from metricsearch.app.web.batching import Coalescer
 from metricsearch.app.web.uploads import uploaded_file
 from metricsearch.data import UnreadableImageError, load_image
+from metricsearch.evaluation.report import class_table, rank, worst_queries
+from metricsearch.index import labelled_items
 
 #: the largest query accepted, in pixels (a 25-megapixel photo; larger uploads are refused)
 DEFAULT_QUERY_MAX_PIXELS = 25_000_000
@@ -36,6 +38,10 @@ DEFAULT_QUERY_MAX_PIXELS = 25_000_000
 NOT_UPLOADED = "Cannot search with this file: only an image uploaded to this page can be searched."
 #: the label filter's value meaning "every label"
 ALL_LABELS = ""
+#: labelled items that the Evaluate tab ranks at most (a random sample of larger galleries)
+EVALUATE_ITEMS = 10_000
+#: the Evaluate tab's class table: its columns (evaluation.report's class rows)
+CLASS_COLUMNS = ("label", "queries", "recall_at_1", "map_at_r", "most_confused_with")
 
 #: what the "about this gallery" panel shows of `gallery.info()`, in order (server paths stay out)
 ABOUT = {"model": "model", "dim": "dimension", "count": "items", "labels": "labels", "index_type": "index type",
@@ -95,6 +101,8 @@ class SearchHandlers:
         #: serves anyway (a PIL image would be re-encoded and hashed on every answer instead)
         self.thumbnail_dir = Path(tempfile.mkdtemp(prefix="metricsearch-thumbnails-", dir=self.uploads))
         self._thumbnails: dict[int, Path] = {}
+        self._evaluation: tuple[Image.Image, list[list[Any]]] | None = None
+        self._evaluation_lock = threading.Lock()
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -123,18 +131,19 @@ class SearchHandlers:
             self._thumbnails[item_id] = path
         return path
 
-    def decode(self, value: Any) -> Image.Image:
-        """The query image a component sent (path, FileData, editor value or PIL image), or gr.Error saying why not.
+    def decode(self, value: Any, name: str = "query image") -> Image.Image:
+        """The query image a component sent (path, FileData, editor value, PIL image, or the bytes of a
+        file named `name` sent to the JSON API), or gr.Error saying why not.
 
         A path is read only if it is a regular file in the upload folder (`NOT_UPLOADED` otherwise,
         before anything is opened); the image must fit the gallery's limits, so that it cannot fail
         the inference call that it shares with other queries."""
-        path, name = (None, "query image") if isinstance(value, Image.Image) else _file_of(value)
+        path, name = (None, name) if isinstance(value, (Image.Image, bytes)) else _file_of(value)
         if path:
             value = uploaded_file(path, self.uploads)
             if value is None:
                 raise gr.Error(NOT_UPLOADED, print_exception=False)
-        elif not isinstance(value, Image.Image):
+        elif not isinstance(value, (Image.Image, bytes)):
             raise gr.Error("No image to search: upload, paste or take a webcam shot (a file that the query box "
                            "cannot show is not an image it can read).", print_exception=False)
         try:
@@ -142,8 +151,8 @@ class SearchHandlers:
         except UnreadableImageError as exc:
             raise gr.Error(f"Cannot search with this file. {exc}", print_exception=False) from None
 
-    def query(self, value: Any, k: Any = 10, label: Any = ALL_LABELS) -> Query:
-        """A checked query from raw component values."""
+    def query(self, value: Any, k: Any = 10, label: Any = ALL_LABELS, name: str = "query image") -> Query:
+        """A checked query from raw component values (`name`: the file's name, for bytes)."""
         try:
             k = int(k)
         except (TypeError, ValueError):
@@ -153,20 +162,32 @@ class SearchHandlers:
         label = None if label in (None, ALL_LABELS) else str(label)
         if label is not None and label not in self.labels:
             raise gr.Error(f"no label {label!r} in this gallery", print_exception=False)
-        return Query(self.decode(value), k, label)
+        return Query(self.decode(value, name), k, label)
 
-    def results(self, hits: Sequence[Any]) -> tuple[list[tuple[Path, str]], list[dict[str, Any]]]:
-        """The results gallery (thumbnail, caption) and the JSON list (id, score, label) of some hits."""
-        table = [{"id": int(h.id), "score": round(float(h.score), 4), "label": h.label} for h in hits]
+    def hits(self, queries: Sequence[Query]) -> list[list[dict[str, Any]]]:
+        """The hits (id, score, label) of checked queries, nearest first: they share inference calls with
+        every other query arriving meanwhile, the page's included."""
+        return [[{"id": int(h.id), "score": round(float(h.score), 4), "label": h.label} for h in hits]
+                for hits in self._search.map(list(queries))]
+
+    def results(self, hits: Sequence[dict[str, Any]]) -> tuple[list[tuple[str, str]], list[dict[str, Any]]]:
+        """The results gallery (thumbnail, caption) of some hits (id, score, label), and those hits."""
         thumbs = [(str(self.thumbnail(row["id"])), f"{row['label'] or '-'} · {row['score']:.3f} · #{row['id']}")
-                  for row in table]
-        return thumbs, table
+                  for row in hits]
+        return thumbs, list(hits)
+
+    def public_info(self) -> dict[str, Any]:
+        """What the gallery tells about itself that a visitor may see (no server path: the model's file name)."""
+        info = dict(self.gallery.info())
+        if info.get("model"):
+            info["model"] = Path(str(info["model"])).name
+        return {key: info[key] for key in ABOUT if info.get(key) is not None}
 
     # -- the handlers --------------------------------------------------------------------------
 
     def search(self, image: Any, k: Any = 10, label: Any = ALL_LABELS):
         """The `/search` endpoint and the Search button: thumbnails with captions, and the hits as JSON."""
-        return self.results(self._search(self.query(image, k, label)))
+        return self.results(self.hits([self.query(image, k, label)])[0])
 
     def search_id(self, hits: list[dict[str, Any]] | None, k: Any, label: Any, evt: gr.SelectData):
         """A click on a result: that result's thumbnail becomes the query, and is searched."""
@@ -175,10 +196,25 @@ class SearchHandlers:
         path = str(self.thumbnail(int(hits[int(evt.index)]["id"])))
         return (path, *self.search(path, k, label))
 
+    def evaluation(self) -> tuple[Image.Image, list[list[Any]]]:
+        """The Evaluate tab (computed once): the worst queries of the served gallery, each labelled item
+        querying the others, and the per-class table (`CLASS_COLUMNS`), worst Recall@1 first."""
+        with self._evaluation_lock:
+            if self._evaluation is None:
+                items, names = labelled_items(self.gallery, EVALUATE_ITEMS)
+                try:
+                    ranking = rank(items)
+                except ValueError as exc:
+                    raise gr.Error(f"Cannot evaluate this gallery: {exc}.", print_exception=False) from None
+                classes, _ = class_table(ranking, items.labels, items.labels, names)
+                self._evaluation = (worst_queries(ranking, items, items, names),
+                                    [[row[c] for c in CLASS_COLUMNS] for row in classes])
+        return self._evaluation
+
     def about(self) -> str:
         """The "about this gallery" panel: model, dimension, items, index type and its setting, device."""
-        info = dict(self.gallery.info())
-        if not info.get("search_params") and info.get("exact"):
+        info = self.public_info()
+        if not info.get("search_params") and self.gallery.info().get("exact"):
             info["search_params"] = "exact search"
         tuning = info.get("tuning") or {}
         if "recall_at_10" in tuning:
@@ -186,8 +222,6 @@ class SearchHandlers:
         rows = []
         for key, name in ABOUT.items():
             value = info.get(key)
-            if key == "model" and value:
-                value = Path(str(value)).name
             if isinstance(value, Mapping):
                 value = ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
             if isinstance(value, list):

@@ -23,7 +23,9 @@ from PIL import Image  # noqa: E402
 
 from fastapi.middleware import Middleware  # noqa: E402
 
-from metricsearch.app.web.handlers import ALL_LABELS, DEFAULT_QUERY_MAX_PIXELS, SearchHandlers  # noqa: E402
+from metricsearch.app.web.api import mount_api  # noqa: E402
+from metricsearch.app.web.handlers import (  # noqa: E402
+    ALL_LABELS, CLASS_COLUMNS, DEFAULT_QUERY_MAX_PIXELS, EVALUATE_ITEMS, SearchHandlers)  # noqa: E402
 from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, LoginThrottle  # noqa: E402
 from metricsearch.app.web.uploads import close_upload_folder, open_upload_folder  # noqa: E402
 
@@ -34,7 +36,8 @@ CSS = "#results img { image-rendering: pixelated; }"
 
 def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int = 10,
                examples: Sequence[Image.Image] = ()) -> gr.Blocks:
-    """The page's Blocks: query editor (upload, paste, webcam, crop), k, label filter, results, about panel.
+    """The page's Blocks: a Search tab (query editor: upload, paste, webcam, crop; k, label filter, results,
+    about panel) and, for a labelled gallery, an Evaluate tab (its worst queries and per-class table).
 
     Events: the Search button and an upload search; a click on a result searches with it; the
     named API endpoint `/search` takes one image (and optional k and label) and returns the
@@ -44,24 +47,36 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
     with gr.Blocks(title="metricsearch", delete_cache=(3600, 3600)) as page:
         gr.Markdown("## metricsearch: visual search\nGive an image; crop it to search for a part. "
                     "Click a result to search with it.")
-        with gr.Row():
-            with gr.Column(scale=2):
-                query = gr.ImageEditor(
-                    label="query (upload, paste or webcam)", sources=("upload", "clipboard", "webcam"),
-                    type="filepath", image_mode="RGB", format="png", transforms=("crop",), brush=False,
-                    eraser=False, layers=False, height=360, elem_id="query")
-                k = gr.Slider(1, handlers.max_k, value=min(default_k, handlers.max_k), step=1, label="k")
-                label = gr.Dropdown(labels, value=ALL_LABELS, label="label filter", elem_id="label")
-                button = gr.Button("Search", variant="primary", elem_id="search")
-                if examples:
-                    gr.Examples([[image] for image in examples], inputs=[query], label="example queries")
-            with gr.Column(scale=3):
-                results = gr.Gallery(label="most similar", columns=4, height="auto", object_fit="contain",
-                                     allow_preview=False, elem_id="results")
-                with gr.Accordion("About this gallery", open=False):
-                    gr.Markdown(handlers.about(), elem_id="about")
-                with gr.Accordion("hits as JSON", open=False):
-                    hits = gr.JSON(label="hits", elem_id="hits")
+        with gr.Tab("Search"):
+            with gr.Row():
+                with gr.Column(scale=2):
+                    query = gr.ImageEditor(
+                        label="query (upload, paste or webcam)", sources=("upload", "clipboard", "webcam"),
+                        type="filepath", image_mode="RGB", format="png", transforms=("crop",), brush=False,
+                        eraser=False, layers=False, height=360, elem_id="query")
+                    k = gr.Slider(1, handlers.max_k, value=min(default_k, handlers.max_k), step=1, label="k")
+                    label = gr.Dropdown(labels, value=ALL_LABELS, label="label filter", elem_id="label")
+                    button = gr.Button("Search", variant="primary", elem_id="search")
+                    if examples:
+                        gr.Examples([[image] for image in examples], inputs=[query], label="example queries")
+                with gr.Column(scale=3):
+                    results = gr.Gallery(label="most similar", columns=4, height="auto", object_fit="contain",
+                                         allow_preview=False, elem_id="results")
+                    with gr.Accordion("About this gallery", open=False):
+                        gr.Markdown(handlers.about(), elem_id="about")
+                    with gr.Accordion("hits as JSON", open=False):
+                        hits = gr.JSON(label="hits", elem_id="hits")
+        if len(handlers.labels) >= 2:  # a labelled gallery: where its own model fails
+            with gr.Tab("Evaluate"):
+                gr.Markdown(f"Each labelled item (at most {EVALUATE_ITEMS:,}) queries all the others: the queries "
+                            "whose first correct hit ranks lowest (wrong labels framed red, the first correct green), "
+                            "and Recall@1 and MAP@R per class, worst first.")
+                evaluate = gr.Button("Evaluate this gallery", elem_id="evaluate")
+                worst = gr.Image(label="worst queries", type="pil", interactive=False, elem_id="worst")
+                classes = gr.Dataframe(headers=list(CLASS_COLUMNS), label="classes, worst first",
+                                       interactive=False, elem_id="classes")
+            evaluate.click(handlers.evaluation, outputs=[worst, classes], concurrency_limit=1,
+                           api_name="evaluate", api_visibility="private")
         api_image = gr.Image(type="filepath", image_mode=None, visible=False)
         api_trigger = gr.Button(visible=False)
 
@@ -136,7 +151,8 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
           max_upload_mb: float = 10, concurrency: int = 4, max_pixels: float = DEFAULT_QUERY_MAX_PIXELS,
           examples: Sequence[Image.Image] = (), block: bool = True, log: Callable[[str], None] = print,
           login_failures: int = LOGIN_FAILURES, login_pause: float = LOGIN_PAUSE) -> Server:
-    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/ until Ctrl-C.
+    """Open the gallery in `db` once and serve the search page on http://HOST:PORT/, and its JSON API
+    under /api/ (api.py), until Ctrl-C.
 
     Binds 127.0.0.1 unless `host` says otherwise; `auth` is a list of (user, password); uploads
     over `max_upload_mb` or `max_pixels` are refused; `concurrency` searches run at once (those
@@ -177,6 +193,8 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
             prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
             theme=THEME, css=CSS, app_kwargs={"middleware": [
                 Middleware(LoginThrottle, failures=login_failures, pause=login_pause)]})
+        mount_api(page.server_app, handlers, max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+                  concurrency=concurrency)
     except BaseException as exc:
         if handlers is not None:
             handlers.close()

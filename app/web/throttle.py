@@ -1,4 +1,7 @@
-"""Login throttling: after a few failed logins from one client address, its next attempts wait out a growing pause."""
+"""Login throttling: after a few failed logins from one client address, its next attempts wait out a growing pause.
+
+A login is a POST to the page's login route, or a JSON API request (under /api/) that carries an
+Authorization header: both count against the same address."""
 
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ MAX_PAUSE = 300.0
 
 
 class LoginThrottle:
-    """ASGI middleware: a POST to a login route from an address with `failures` failed logins in a row
-    is answered 429 until `pause` * 2**(extra failures) seconds have passed since its last failure;
+    """ASGI middleware: a login (POST to a login route, or an /api/ request with credentials) from an address
+    with `failures` failed logins in a row is answered 429 until `pause` * 2**(extra failures) seconds have passed since its last failure;
     a successful login clears the address's count."""
 
     def __init__(self, app: Callable, failures: int = LOGIN_FAILURES, pause: float = LOGIN_PAUSE) -> None:
@@ -41,8 +44,11 @@ class LoginThrottle:
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         path = scope.get("path", "").rstrip("/")
-        if scope["type"] != "http" or scope.get("method") != "POST" or not path.endswith("/login"):
+        api = path.startswith("/api/") and any(name == b"authorization" for name, _ in scope.get("headers", ()))
+        if scope["type"] != "http" or not (api or (scope.get("method") == "POST" and path.endswith("/login"))):
             return await self.app(scope, receive, send)
+        # a page login fails with 400/401/403; an API request fails with 401 and succeeds with anything else
+        outcomes = {401: False} if api else {200: True, 400: False, 401: False, 403: False}
         address = (scope.get("client") or ("?", 0))[0]
         wait = self.wait(address)
         if wait > 0:
@@ -52,8 +58,10 @@ class LoginThrottle:
             return await send({"type": "http.response.body", "body": body})
 
         async def record(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and message["status"] in (200, 400, 401, 403):
-                self._record(address, message["status"] == 200)
+            if message["type"] == "http.response.start":
+                ok = outcomes.get(message["status"], True if api else None)
+                if ok is not None:
+                    self._record(address, ok)
             await send(message)
 
         await self.app(scope, receive, record)

@@ -1,0 +1,283 @@
+"""Grocery Store photos on unseen classes: raw pixels, off-the-shelf ImageNet features, and fine-tuning with each
+loss family of the papers, cross-validated over the two class halves; plus the trainer's speed against a bare loop.
+
+Each fold trains on one half of the 41 fine classes (all their photos) and tests on the other half
+(data/grocery.py): photo -> photo (the test-list photos query the train+val photos of the unseen
+classes: Recall@1, MAP@R) and photo -> catalogue (the same photos query the unseen classes' iconic
+catalogue images: accuracy@1). The queries of both folds are pooled; each figure comes with a 95%
+bootstrap interval over the queries (2,000 resamples, seeded), and "vs off-the-shelf" is the paired
+difference in photo -> photo Recall@1 to the off-the-shelf features at the training resolution, on
+the very same queries. Every fine-tuned row starts from configs/grocery.yaml (the shipped recipe)
+and changes the loss family only; its last epoch is scored (never a test-selected best).
+
+Families: `ms` (multi-similarity, the recipe's), `margin` (margin loss with a learned per-class beta +
+distance-weighted sampling), `ice`, `contrastive` (balanced contrastive + importance sampling),
+`dro` (DRO-TopK-PN over the contrastive pair loss).
+
+Speed: `--speed-batches N` times the trainer (config's batch, workers, augmentation, its own epoch
+loop) against a bare PyTorch loop with the same model, batch, loss and optimizer over batches already
+decoded in memory (the compute ceiling), one after the other in this process.
+
+Run: `nice -n 19 python bench/photos.py` (every row), or a quick pass:
+`python bench/photos.py --epochs 1 --size 128 --families ms --folds half2`; the folds can run side by
+side (`--folds half1 --results R1` and `--folds half2 --results R2`), then `--combine R1.json R2.json`. Prints one line per
+training (wall and CPU seconds), then a markdown table; writes it with the raw numbers to
+bench/results/photos.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from metricsearch.data import ImageSet, load_query_gallery
+from metricsearch.evaluation.metrics import nearest, average_precision_at_r, sq_distances
+from metricsearch.models import PixelEmbedder
+from metricsearch.models.embedder import Embedder, build_embedder, load_embedder
+from metricsearch.train.config import load_config
+from metricsearch.train.dataset import ImageDataset
+from metricsearch.train.optim import build_optimizer
+from metricsearch.train.trainer import build_components, build_setup, train, train_epoch
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "grocery"
+RECIPE = REPO / "configs" / "grocery.yaml"
+RESULTS = REPO / "bench" / "results" / "photos"
+HALVES = ("half1", "half2")
+BACKBONE = "efficientnet_lite0"
+
+#: family -> (overrides of configs/grocery.yaml, what it is)
+FAMILIES: dict[str, tuple[list[str], str]] = {
+    "ms": (["loss={name: ms, alpha: 2.0, beta: 50.0, base: 0.5, epsilon: 0.1}", "miner={name: null}"],
+           "multi-similarity loss with MS mining (the recipe's)"),
+    "margin": (["loss={name: margin, beta_mode: class}", "miner={name: distance_weighted, produces: pairs}"],
+               "margin loss, learned class betas, distance-weighted sampling"),
+    "ice": (["loss={name: ice, scale: 64}", "miner={name: null}"], "ICE, s = 64"),
+    "contrastive": (["loss={name: balanced_contrastive, lam: 256, margin: 1.0}",
+                     "weighting={name: importance, delta: 1.0}", "miner={name: null}"],
+                    "balanced contrastive + importance sampling"),
+    "dro": (["loss={name: dro_topk_pn, k: 100}", "miner={name: null}"], "DRO-TopK-PN weighting of the contrastive pair loss, K = 100"),
+}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its finished children (DataLoader workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def fold_sets(data: Path, half: str) -> dict[str, ImageSet]:
+    """The held-out half's query photos, their photo gallery and their catalogue images, labels by class name."""
+    spec = f"grocery:{data}"
+    query, gallery = load_query_gallery(f"{spec}#test,{half}", f"{spec}#train+val,{half}")
+    query_c, catalogue = load_query_gallery(f"{spec}#test,{half}", f"{spec}#catalogue,{half}")
+    return {"query": query, "gallery": gallery, "catalogue": catalogue, "query_c": query_c}
+
+
+def per_query(model: Any, sets: dict[str, ImageSet]) -> dict[str, np.ndarray]:
+    """Per query photo: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1."""
+    q, g, c = (model.embed_set(sets[k], batch_size=64) for k in ("query", "gallery", "catalogue"))
+    ql, gl = sets["query"].labels, sets["gallery"].labels
+    r = (gl[None, :] == ql[:, None]).sum(1)
+    relevant = gl[nearest(sq_distances(q, g), int(r.max()))] == ql[:, None]
+    nearest_c = sets["catalogue"].labels[sq_distances(q, c).argmin(1)]
+    return {"recall_at_1": relevant[:, 0].astype(float), "map_at_r": average_precision_at_r(relevant, r),
+            "catalogue_at_1": (nearest_c == sets["query_c"].labels).astype(float)}
+
+
+def bootstrap(values: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its 95% percentile bootstrap interval over the entries."""
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), (resamples, len(values)))].mean(1)
+    return float(values.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def off_the_shelf(size: int) -> Embedder:
+    """The backbone's pooled, L2-normalised ImageNet features at `size` pixels (no head, no training)."""
+    return Embedder(BACKBONE, dim=None, normalize=True, pretrained="imagenet", preprocessing={"size": size})
+
+
+def recipe(family: str, half: str, data: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    """configs/grocery.yaml with a family's loss, trained on the other half, `half` held out (scored by this script)."""
+    fixed = [f"dataset=grocery:{data}#{half}", "split=test", f"output_dir={out}", f"name={family}-{half}",
+             "eval.every=100000"]
+    config = load_config(RECIPE, [*FAMILIES[family][0], *extra, *fixed])
+    config["eval"]["every"] = int(config["epochs"]) + 1  # no evaluation inside training: this script scores
+    return config
+
+
+def run(families: list[str], folds: list[str], data: Path, extra: list[str], keep: Path | None,
+        partial: Path | None = None) -> list[dict]:
+    """Score every row on every fold (fold by fold); after each training, the table so far goes to `partial`."""
+    size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
+    rows: dict[str, dict[str, Any]] = {}
+
+    def add(name: str, what: str, fold: str, scores: dict[str, np.ndarray], **info: Any) -> None:
+        row = rows.setdefault(name, {"row": name, "what": what, "scores": {}, "train": {}})
+        row["scores"][fold] = scores
+        row["train"].update(info)
+
+    with tempfile.TemporaryDirectory(prefix="photos_bench_") as tmp:
+        out = keep or Path(tmp)
+        for half in folds:
+            sets = fold_sets(data, half)
+            add("pixels", "raw 32x32 RGB pixels, no training", half, per_query(PixelEmbedder(32, 3), sets))
+            for s in sorted({size, 224}):
+                add(f"off-the-shelf {s}px", f"{BACKBONE} ImageNet pooled features at {s} px", half,
+                    per_query(off_the_shelf(s), sets))
+            for family in families:
+                config = recipe(family, half, data, out, extra)
+                t0, c0, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
+                result = train(config, progress=False)
+                wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+                scores = per_query(load_embedder(result.run_dir / "last.pt"), sets)
+                add(family, FAMILIES[family][1], half, scores,
+                    **{half: {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load": round(load, 1),
+                              "epochs": config["epochs"]}})
+                print(f"{family} {half}: {wall:.0f} s wall, {cpu:.0f} s CPU (load {load:.1f}); "
+                      + ", ".join(f"{k} {v.mean():.3f}" for k, v in scores.items()), file=sys.stderr, flush=True)
+                if partial is not None:
+                    partial.write_text(table(summarise(list(rows.values()), size), size, None) + "\n")
+    return list(rows.values())
+
+
+def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
+    """Pooled per-query scores with bootstrap intervals, and the paired Recall@1 difference to off-the-shelf."""
+    reference = next(r for r in rows if r["row"] == f"off-the-shelf {size}px")
+    out = []
+    for r in rows:
+        folds = list(r["scores"])
+        p = {m: np.concatenate([r["scores"][f][m] for f in folds]) for m in ("recall_at_1", "map_at_r", "catalogue_at_1")}
+        ref = np.concatenate([reference["scores"][f]["recall_at_1"] for f in folds])
+        item = {"row": r["row"], "what": r["what"], "folds": folds, "train": r["train"],
+                **{m: bootstrap(v) for m, v in p.items()},
+                "by_fold": {f: {m: float(v.mean()) for m, v in r["scores"][f].items()} for f in folds},
+                "recall_at_1_vs_off_the_shelf": bootstrap(p["recall_at_1"] - ref)}
+        out.append(item)
+    return out
+
+
+def speed(batches: int, extra: list[str], data: Path) -> dict[str, float]:
+    """Images/s of the trainer's epoch loop and of a bare loop (same model, batch, loss, optimizer, decoded batches)."""
+    with tempfile.TemporaryDirectory(prefix="photos_speed_") as tmp:
+        config = load_config(RECIPE, [*extra, f"dataset=grocery:{data}", f"batches_per_epoch={batches}",
+                                      f"output_dir={tmp}", "name=speed"])
+        setup = build_setup(config)
+        c0 = cpu_seconds()
+        trainer = train_epoch(setup, 0, Path(tmp))["images_per_s"]
+        trainer_cpu = cpu_seconds() - c0
+        torch.manual_seed(0)
+        model = build_embedder(config["model"], pretrained=config["model"]["pretrained"])
+        loss = build_components(config, setup.split.train)[0]
+        optimizer = build_optimizer(config["optimizer"], model, loss)
+        plain = ImageDataset(setup.split.train, model.preprocessing)
+        decoded = [(torch.stack([plain[i][0] for i in b]), torch.as_tensor(setup.split.train.labels[b]))
+                   for b in list(iter(setup.sampler))[:batches]]
+        model.train()
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        for images, labels in decoded:
+            value = loss(model(images), labels, mined=setup.sampler.pairs(labels))
+            optimizer.zero_grad(set_to_none=True)
+            value.backward()
+            optimizer.step()
+        bare = sum(len(b[0]) for b in decoded) / (time.perf_counter() - t0)
+        return {"trainer_images_per_s": trainer, "bare_images_per_s": bare, "ratio": trainer / bare,
+                "trainer_cpu_s": trainer_cpu, "bare_cpu_s": cpu_seconds() - c0, "batches": batches,
+                "batch": len(decoded[0][0]), "num_workers": config["num_workers"]}
+
+
+def combine(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, float] | None]:
+    """The rows of earlier runs' RESULTS.json files (e.g. one per fold, run side by side), folds merged; their speed."""
+    rows: dict[str, dict[str, Any]] = {}
+    fast = None
+    for path in paths:
+        saved = json.loads(path.read_text())
+        fast = fast or saved["speed"]
+        for name, r in saved["raw"].items():
+            row = rows.setdefault(name, {"row": name, "what": r["what"], "scores": {}, "train": {}})
+            row["train"].update(r["train"])
+            row["scores"].update({f: {m: np.asarray(v) for m, v in by.items()} for f, by in r["scores"].items()})
+    return list(rows.values()), fast
+
+
+def table(summary: list[dict[str, Any]], size: int, fast: dict[str, float] | None) -> str:
+    def ci(v) -> str:
+        return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
+    folds = "+".join(summary[0]["folds"])
+    lines = [f"Grocery Store, unseen classes, held-out halves {folds} pooled (a row's queries over the folds it ran); "
+             "mean [95% bootstrap interval over queries]", "",
+             "| row | photo->photo R@1 | photo->photo MAP@R | photo->catalogue acc@1 | R@1 vs off-the-shelf "
+             f"{size}px (paired) | R@1 by fold | train wall / CPU s per fold |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for s in summary:
+        vs = s.get("recall_at_1_vs_off_the_shelf")
+        diff = f"{vs[0]:+.3f} [{vs[1]:+.3f}, {vs[2]:+.3f}]" if vs and s["row"] != f"off-the-shelf {size}px" else ""
+        by = " / ".join(f"{v['recall_at_1']:.3f}" for v in s["by_fold"].values())
+        t = " / ".join(f"{v['wall_s']:.0f} / {v['cpu_s']:.0f}" for v in s["train"].values()) or "-"
+        lines.append(f"| {s['row']} | {ci(s['recall_at_1'])} | {ci(s['map_at_r'])} | {ci(s['catalogue_at_1'])} "
+                     f"| {diff} | {by} | {t} |")
+    lines += ["", "Rows: " + "; ".join(f"{s['row']}: {s['what']}" for s in summary)]
+    if fast:
+        lines += ["", f"Training speed ({fast['batches']} batches of {fast['batch']}, {fast['num_workers']} DataLoader "
+                  f"workers): trainer {fast['trainer_images_per_s']:.1f} images/s ({fast['trainer_cpu_s']:.0f} CPU s), "
+                  f"bare loop on decoded batches {fast['bare_images_per_s']:.1f} images/s "
+                  f"({fast['bare_cpu_s']:.0f} CPU s): ratio {fast['ratio']:.2f}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES),
+                        help="loss families to fine-tune (pixels and off-the-shelf rows are always scored)")
+    parser.add_argument("--folds", nargs="+", default=list(HALVES), choices=HALVES, help="held-out halves to run")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the Grocery Store folder")
+    parser.add_argument("--epochs", type=int, help="epochs of every fine-tuning (default: the recipe's)")
+    parser.add_argument("--size", type=int, help="training and test resolution in pixels (default: the recipe's)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="overrides of configs/grocery.yaml for every fine-tuning (e.g. optimizer.lr=3e-4)")
+    parser.add_argument("--speed-batches", type=int, default=10, help="batches to time trainer vs bare loop (0: skip)")
+    parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
+    parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
+                        help="no training: one table from earlier runs' results (e.g. one run per fold)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
+    args = parser.parse_args(argv)
+    extra = list(args.set)
+    if args.epochs is not None:
+        extra.append(f"epochs={args.epochs}")
+    if args.size is not None:
+        extra.append(f"model.preprocessing.size={args.size}")
+    size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.results.with_suffix(".partial.md")
+    if args.combine:
+        rows, fast = combine(args.combine)
+    else:
+        fast = speed(args.speed_batches, extra, args.data) if args.speed_batches else None
+        rows = run(list(args.families), list(args.folds), args.data, extra, args.keep, partial)
+    summary = summarise(rows, size)
+    text = table(summary, size, fast)
+    text += f"\n\nCommand: python bench/photos.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    text += (f"\nTotal {time.perf_counter() - t0:.0f} s wall, {cpu_seconds() - c0:.0f} s CPU (user+sys) on "
+             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end.")
+    print(text)
+    partial.unlink(missing_ok=True)
+    args.results.with_suffix(".md").write_text(text + "\n")
+    raw = {r["row"]: {"what": r["what"], "train": r["train"],
+                      "scores": {f: {m: v.tolist() for m, v in by.items()} for f, by in r["scores"].items()}}
+           for r in rows}
+    args.results.with_suffix(".json").write_text(json.dumps({"rows": summary, "speed": fast, "raw": raw}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
