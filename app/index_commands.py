@@ -31,27 +31,27 @@ def _print_summary(summary, as_json: bool) -> None:
     print(f"report (every failed file and why): {d['report']}")
 
 
-def _engine(args: argparse.Namespace) -> dict:
-    return {"engine": args.engine, "ray_address": args.ray_address, "ray_actors": args.ray_actors}
+def _index_options(args: argparse.Namespace) -> dict:
+    """The IndexOptions fields that `index build` and `index add` share, from their arguments."""
+    return {"split": args.split, "batch_size": args.batch, "workers": args.workers, "device": args.device,
+            "progress": not args.json, "engine": args.engine, "ray_address": args.ray_address,
+            "ray_actors": args.ray_actors}
 
 
 def _build(args: argparse.Namespace) -> int:
-    from metricsearch.index import build_gallery
+    from metricsearch.index import BuildOptions, build_gallery
 
-    summary = build_gallery(
-        args.model, args.images, args.db, split=args.split, batch_size=args.batch, workers=args.workers,
-        index=args.index, device=args.device, resume=args.resume, overwrite=args.overwrite,
-        thumbnail_size=0 if args.no_thumbnails else args.thumbnail_size, max_pixels=args.max_pixels,
-        min_side=args.min_side, progress=not args.json, **_engine(args))
-    _print_summary(summary, args.json)
+    options = BuildOptions(**_index_options(args), index=args.index, resume=args.resume, overwrite=args.overwrite,
+                           thumbnail_size=0 if args.no_thumbnails else args.thumbnail_size,
+                           max_pixels=args.max_pixels, min_side=args.min_side)
+    _print_summary(build_gallery(args.model, args.images, args.db, options), args.json)
     return 0
 
 
 def _add(args: argparse.Namespace) -> int:
-    from metricsearch.index import add_images
+    from metricsearch.index import IndexOptions, add_images
 
-    summary = add_images(args.db, args.images, split=args.split, model=args.model, batch_size=args.batch,
-                         workers=args.workers, device=args.device, progress=not args.json, **_engine(args))
+    summary = add_images(args.db, args.images, IndexOptions(**_index_options(args)), model=args.model)
     _print_summary(summary, args.json)
     return 0
 

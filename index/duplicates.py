@@ -84,8 +84,7 @@ def find_duplicates(db: str | Path, threshold: float = THRESHOLD) -> list[dict]:
     {"size", "min_similarity", "items": [{"id", "label", "path"}, ...]} with items in id order."""
     with Gallery.open(db) as gallery:
         catalog = gallery.catalog
-        with gallery.store.read() as txn:
-            ids, vectors = gallery.store.vectors(txn, catalog.ids)
+        ids, vectors = gallery.vectors(catalog.ids)
     groups = []
     for rows, weakest in duplicate_groups(vectors, threshold):
         items = [{"id": int(ids[r]), "label": catalog.label_of(r), "path": str(catalog.paths[r])}

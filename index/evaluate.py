@@ -28,8 +28,7 @@ def evaluate_gallery(db: str | Path, recall_k: Sequence[int] | None = None, with
     exact neighbours, stored thumbnails) in that folder."""
     with Gallery.open(db, device=device) as gallery:
         catalog = gallery.catalog
-        with gallery.store.read() as txn:
-            ids, vectors = gallery.store.vectors(txn, catalog.ids)
+        ids, vectors = gallery.vectors(catalog.ids)
         codes = catalog.codes
         labelled = np.flatnonzero(codes >= 0)
         if len(np.unique(codes[labelled])) < 2:
@@ -78,8 +77,7 @@ def labelled_items(gallery: Gallery, most: int | None = None, seed: int = 0):
     labelled = np.flatnonzero(catalog.codes >= 0)
     if most is not None and len(labelled) > most:
         labelled = np.sort(np.random.default_rng(seed).choice(labelled, most, replace=False))
-    with gallery.store.read() as txn:
-        ids, vectors = gallery.store.vectors(txn, catalog.ids[labelled])
+    ids, vectors = gallery.vectors(catalog.ids[labelled])
     return _report_set(gallery, ids, vectors, catalog.codes[labelled]), list(catalog.names)
 
 

@@ -1,8 +1,9 @@
-"""`Gallery.open(DIR)`: a built gallery, opened once and searched from many threads.
+"""`Gallery.open(DIR)`: a built gallery, opened once and searched from many threads (the search
+side only: every change is a job of `jobs.py`, which holds the writer lock).
 
 The faiss index is loaded from its newest file and brought up to the LMDB's committed version
-by replaying the change log. Writes through this object update it at once; a search checks the
-LMDB's version (at most once a millisecond) and catches up when another process has committed.
+by replaying the change log. A search checks the LMDB's version (at most once a millisecond) and
+catches up when a job of this or another process has committed; `refresh()` catches up at once.
 A search runs on one (faiss index, catalog) pair of one version, under a shared lock that changes
 take exclusively: it sees a batch whole or not at all.
 """
@@ -13,8 +14,9 @@ import hashlib
 import logging
 import threading
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import faiss
 import lmdb
@@ -24,15 +26,13 @@ from metricsearch.models import OnnxEmbedder, select_providers
 
 from .autoindex import candidate_lines
 from .catalog import Catalog, SearchResults
-from .faiss_files import UnusableIndex, index_bytes, save_index
+from .faiss_files import index_bytes
 from .faiss_index import select_device
 from .layout import FORMAT_VERSION, Store, id_key, reporting_damage
-from .locks import job_lock
 from .state import IndexState, Newer
 from .pipeline import ReadSettings, decode, normalized, read_bytes
 
 log = logging.getLogger("metricsearch.index")
-LOG_KEEP = 10_000  # commits of change log kept behind the faiss file, for readers that lag
 RECHECK_S = 0.001  # a search checks the LMDB for other processes' commits at most this often
 
 
@@ -57,11 +57,15 @@ def check_model(meta_model: dict, path: str | Path, dim: int | None = None) -> N
 
 
 class Gallery:
-    """A searchable gallery: `search`, `thumbnail`, `info`, `labels`; and, opened writable,
-    `add`, `remove`, `rebuild`. Thread-safe; use as a context manager or call `close()`."""
+    """A searchable gallery: `search`, `embed`, `thumbnail`, `item`, `info`, `labels`, `vectors`.
+    Thread-safe; use as a context manager or call `close()`.
+
+    `Gallery(db, store)` searches over a store the caller holds open (a job's writable one);
+    `Gallery.open(db)` opens its own, read-only. UnusableIndex when the faiss file cannot serve."""
 
     def __init__(self, db: Path, store: Store, model: str | Path | None = None, device: str = "auto") -> None:
-        self.db, self.store = Path(db), store
+        self.db, self._store = Path(db), store
+        self._resources = ExitStack()  # what close() releases: what `open` opened for this gallery
         with store.read() as txn:
             fmt, state = store.meta(txn, "format"), store.meta(txn, "state")
             self.model_info, self.settings = store.meta(txn, "model"), store.meta(txn, "settings", {})
@@ -84,42 +88,21 @@ class Gallery:
         self._embedder_lock = threading.Lock()
         self._state: IndexState | None = None
         self._checked_at = -1.0
-        try:
-            self.refresh()
-        except UnusableIndex as exc:
-            if not store.writable:
-                raise
-            log.warning("%s; rebuilding it from the stored embeddings now", str(exc).split(": run ")[0])
-            self.rebuild()
+        self.refresh()
 
     @classmethod
-    def open(cls, db: str | Path, *, model: str | Path | None = None, device: str = "auto",
-             writable: bool = False) -> Gallery:
-        """Open a gallery folder; `writable` for add/remove/rebuild (takes the gallery's writer lock),
-        `model` checks that an ONNX file is the gallery's model and embeds queries with it."""
-        db = Path(db)
-        lock = job_lock(db) if writable else None
-        if lock is not None:
-            lock.__enter__()
-        store = None
-        try:
-            store = Store.open(db, writable)
+    def open(cls, db: str | Path, *, model: str | Path | None = None, device: str = "auto") -> Gallery:
+        """Open a gallery folder read-only for searching; `model` checks that an ONNX file is the
+        gallery's model and embeds queries with it."""
+        with ExitStack() as stack:
+            store = stack.enter_context(Store.opened(Path(db)))
             gallery = cls(db, store, model, device)
-        except BaseException:
-            if store is not None:
-                store.close()
-            if lock is not None:
-                lock.__exit__(None, None, None)
-            raise
-        gallery._lock = lock
+            gallery._resources = stack.pop_all()
         return gallery
 
     def close(self) -> None:
-        """Release the LMDB environment and, if held, the writer lock."""
-        self.store.close()
-        lock, self._lock = getattr(self, "_lock", None), None
-        if lock is not None:
-            lock.__exit__(None, None, None)
+        """Release what `open` opened (the LMDB environment)."""
+        self._resources.close()
 
     def __enter__(self) -> Gallery:
         return self
@@ -132,17 +115,17 @@ class Gallery:
     def refresh(self) -> None:
         """Bring the in-memory index and catalog up to the latest committed write."""
         for _ in range(5):
-            with self.store.lock.writing(), reporting_damage(self.db):
+            with self._store.lock.writing(), reporting_damage(self.db):
                 try:
-                    txn = self.store.env.begin()
+                    txn = self._store.env.begin()
                 except lmdb.MapResizedError:  # another process grew the map: adopt its size
-                    self.store.env.set_mapsize(0)
-                    txn = self.store.env.begin()
+                    self._store.env.set_mapsize(0)
+                    txn = self._store.env.begin()
                 try:
                     if self._state is None:
-                        self._state = IndexState.load(self.db, self.store, txn, self.model_info, self.faiss_device)
+                        self._state = IndexState.load(self.db, self._store, txn, self.model_info, self.faiss_device)
                     else:
-                        self._state = self._state.advance(self.db, self.store, txn, self.model_info)
+                        self._state = self._state.advance(self.db, self._store, txn, self.model_info)
                     self._checked_at = time.monotonic()
                     return
                 except Newer:
@@ -162,7 +145,7 @@ class Gallery:
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         x = self._query_vectors(queries)
-        lock = self.store.lock
+        lock = self._store.lock
         while True:
             lock.acquire_read()
             try:
@@ -177,8 +160,8 @@ class Gallery:
         """Whether `state` is still the LMDB's committed version (no other process has written since)."""
         now = time.monotonic()
         with reporting_damage(self.db):
-            txn = self.store.begin()
-            current = self.store.version(txn) == state.version
+            txn = self._store.begin()
+            current = self._store.version(txn) == state.version
             txn.abort()
         if current:
             self._checked_at = now
@@ -222,6 +205,25 @@ class Gallery:
         """The ids, labels and paths of the items at the version searches see now."""
         return self._state.catalog
 
+    @contextmanager
+    def snapshot(self) -> Iterator[IndexState]:
+        """The searchable state of the version searches see now, kept from changing during the block."""
+        self._store.lock.acquire_read()
+        try:
+            yield self._state
+        finally:
+            self._store.lock.release_read()
+
+    def vectors(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, N x dim float32 embeddings) of the items `ids` (default: every item), in id order."""
+        with self._store.read() as txn:
+            return self._store.vectors(txn, ids)
+
+    @property
+    def removable(self) -> bool:
+        """Whether faiss can remove ids from the index (else removed ids wait, filtered, for a rebuild)."""
+        return bool(self._state.info["removable"])
+
     @property
     def exact(self) -> bool:
         """Whether the index searches exactly (flat) rather than approximately."""
@@ -236,8 +238,8 @@ class Gallery:
 
     def item(self, item_id: int) -> dict:
         """An item's id, path, label, sha256 and byte size (KeyError if there is no such item)."""
-        with self.store.read() as txn:
-            record = self.store.item(txn, int(item_id))
+        with self._store.read() as txn:
+            record = self._store.item(txn, int(item_id))
         if record is None:
             raise KeyError(f"no item {item_id} in {self.db}")
         return {"id": int(item_id), "path": record.path, "label": record.label, "sha256": record.sha256.hex(),
@@ -245,18 +247,18 @@ class Gallery:
 
     def thumbnail(self, item_id: int) -> bytes:
         """An item's thumbnail (JPEG or PNG bytes; b"" when the gallery keeps none)."""
-        with self.store.read() as txn:
-            data = txn.get(id_key(int(item_id)), db=self.store.dbs["thumbnails"])
-            if data is None and self.store.item(txn, int(item_id)) is None:
+        with self._store.read() as txn:
+            data = txn.get(id_key(int(item_id)), db=self._store.dbs["thumbnails"])
+            if data is None and self._store.item(txn, int(item_id)) is None:
                 raise KeyError(f"no item {item_id} in {self.db}")
         return bytes(data or b"")
 
     def info(self) -> dict:
         """Model, dimension, count, index type and its search parameters, device, size on disk."""
-        with self.store.read() as txn:
-            job = self.store.meta(txn, "job")
+        with self._store.read() as txn:
+            job = self._store.meta(txn, "job")
         state = self._state
-        lmdb_bytes, faiss_bytes = self.store.used_bytes(), index_bytes(self.db)
+        lmdb_bytes, faiss_bytes = self._store.used_bytes(), index_bytes(self.db)
         model_bytes = self.model_path.stat().st_size if self.model_path.is_file() else 0
         if self._embedder is not None:
             providers = self._embedder.providers
@@ -276,55 +278,3 @@ class Gallery:
             "size_bytes": {"lmdb": lmdb_bytes, "faiss": faiss_bytes, "model": model_bytes,
                            "total": lmdb_bytes + faiss_bytes + model_bytes},
         }
-
-    # --- changing the gallery (opened writable) -------------------------------------------------
-
-    def checkpoint(self) -> Path:
-        """Save the in-memory index as the faiss file of the current version; trim the change log."""
-        from .writer import bump_version
-
-        self.store.lock.acquire_read()
-        try:
-            state = self._state
-            version = state.version
-            header = dict(state.header, version=version, generation=state.generation, count=len(state.catalog))
-            path = save_index(self.db, state.index, header)
-        finally:
-            self.store.lock.release_read()
-
-        def trim(txn: lmdb.Transaction) -> None:
-            self.store.prune_log(txn, version - LOG_KEEP)
-            bump_version(self.store, txn)
-
-        self.store.write(trim)
-        return path
-
-    def add(self, images: str, **options: Any):
-        """Index the images of a data set spec into this gallery (see `add_images`); returns a JobSummary."""
-        from .jobs import run_add
-
-        return run_add(self, images, **options)
-
-    def remove(self, ids: Sequence[int] | None = None, label: str | None = None) -> np.ndarray:
-        """Remove items by id or by label; returns the ids removed (ValueError for unknown ones)."""
-        from .writer import GalleryWriter
-
-        if (ids is None) == (label is None):
-            raise ValueError("remove takes ids or a label (one of the two)")
-        catalog = self._state.catalog
-        targets = catalog.label_ids(label) if label is not None else np.asarray(list(ids), dtype=np.int64)
-        unknown = np.setdiff1d(targets, catalog.ids)
-        if len(unknown):
-            raise ValueError(f"no item with id {', '.join(map(str, unknown[:10]))} in {self.db}; nothing removed")
-        removed = GalleryWriter(self.store).remove(targets, tombstones=not self._state.info["removable"])
-        self.refresh()
-        self.checkpoint()
-        return removed
-
-    def rebuild(self, index: str | None = None) -> dict:
-        """Build the faiss index again from the stored embeddings (removed ids dropped; `index`: a new type)."""
-        from .jobs import build_faiss
-
-        header = build_faiss(self.store, self.db, index, self.faiss_device)
-        self.refresh()  # the new generation: loaded from the new file
-        return header

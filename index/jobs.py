@@ -1,4 +1,6 @@
-"""The indexing jobs behind `metricsearch index ...`: build (and resume), add, remove, rebuild.
+"""The indexing jobs behind `metricsearch index ...`, every change of a gallery: build (and resume),
+add, remove, rebuild, checkpoint. Each holds the gallery's writer lock (`edit_gallery`); searching
+is `Gallery`'s, which this module uses and which never imports it.
 
 Resume: every batch commits its items, embeddings, failures, counters and the sources it
 consumed in one LMDB transaction; the faiss index is built from the committed embeddings once all
@@ -15,27 +17,31 @@ import logging
 import os
 import shutil
 import time
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from metricsearch.data import DEFAULT_MAX_PIXELS, ImageSet, load_image_set
+import numpy as np
+
+from metricsearch.data import ImageSet, load_image_set
 from metricsearch.models import OnnxEmbedder
 
 from .autoindex import build_index
-from .faiss_files import save_index
+from .faiss_files import UnusableIndex, save_index
 from .faiss_index import INDEX_DIR, PQ_MIN, check_trainable, choose_index, describe, make_index, select_device
 from .gallery import Gallery, check_model, file_sha256
 from .layout import FORMAT_VERSION, LMDB_DIR, NotCreated, Store
 from .locks import job_lock
-from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, ImageReader, ReadSettings, StageTimes, run_pipeline, source_names
-from .ray_engine import check_engine, run_ray_pipeline
+from .options import BuildOptions, IndexOptions
+from .pipeline import Engine, ImageReader, ReadSettings, StageTimes, source_names
 from .steps import reached
 from .writer import GalleryWriter, bump_version, record_job, start_job
 
 log = logging.getLogger("metricsearch.index")
 MODEL_FILE = "model.onnx"
 REPORT_FILE = "report.json"
+LOG_KEEP = 10_000  # commits of change log kept behind the faiss file, for readers that lag
 
 
 @dataclass
@@ -92,49 +98,31 @@ def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str) 
     return header
 
 
-@dataclass(frozen=True)
-class Engine:
-    """Where the reading and embedding stages run: `local` (threads here) or `ray` (a Ray cluster at
-    `address`, a new local one without; `actors` embedding actors, default one per GPU or half the CPUs)."""
-
-    name: str = "local"
-    address: str | None = None
-    actors: int | None = None
-
-    def __post_init__(self) -> None:
-        check_engine(self.name)
-
-
-def _index_images(store: Store, image_set: ImageSet, images: str, split: str | None, embed: Callable[[dict], dict],
-                  preprocessing, settings: ReadSettings, dim: int, *, resume: bool, batch_size: int,
-                  workers: int | None, progress: bool, after_batch: Callable[[], None] | None = None,
-                  engine: Engine = Engine(), model: Path | None = None, device: str = "auto") -> StageTimes:
-    """Run reader -> embedder -> writer over `image_set`, loaded from spec `images` (on resume: the images
-    not yet committed); with the ray engine, the reader and the embedder (`model`) run on the cluster."""
-    sources = source_names(image_set, images, split)
+def _index_images(store: Store, image_set: ImageSet, sources: list[str], engine: Engine, embedder: OnnxEmbedder,
+                  settings: ReadSettings, options: IndexOptions, *, resume: bool = False,
+                  after_batch: Callable[[], None] | None = None, desc: str = "indexing") -> StageTimes:
+    """Run reader -> embedder -> writer on `engine` over `image_set` (on resume: the images not yet
+    committed), each batch committed to `store`; `after_batch` runs after each commit."""
     positions = list(range(len(sources)))
     if resume:  # skip what the interrupted job committed: indexed, duplicate or failed
         with store.read() as txn:
             positions = [i for i in positions if all(txn.get(sources[i].encode(), db=store.dbs[name]) is None
                                                      for name in ("sources", "failures"))]
     writer = GalleryWriter(store)
-    reader = ImageReader(image_set, sources, preprocessing, replace(settings, mode=image_set.mode), writer.committed)
+    reader = ImageReader(image_set, sources, embedder.preprocessing, replace(settings, mode=image_set.mode),
+                         writer.committed)
 
     def write(items, vectors) -> None:
-        if vectors is not None and vectors.shape[1] != dim:
-            raise ValueError(f"the embed step gave {vectors.shape[1]}-d vectors, the gallery holds {dim}-d ones")
+        if vectors is not None and vectors.shape[1] != embedder.dim:
+            raise ValueError(f"the embed step gave {vectors.shape[1]}-d vectors, the gallery holds {embedder.dim}-d ones")
         writer.write_batch(items, vectors)
         reached("batch")
         if after_batch is not None:
             after_batch()
 
     start = time.perf_counter()
-    if engine.name == "ray":
-        times = run_ray_pipeline(reader, positions, model, write, batch_size=batch_size, device=device,
-                                 address=engine.address, actors=engine.actors, progress=progress)
-    else:
-        times = run_pipeline(reader, positions, embed, write, batch_size=batch_size, workers=workers,
-                             progress=progress, desc=f"indexing {images}")
+    times = engine.run(reader, positions, write, batch_size=options.batch_size, progress=options.progress,
+                       desc=desc)
     times.total = time.perf_counter() - start
     return times
 
@@ -190,56 +178,49 @@ def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, setting
     reached("created")
 
 
-def build_gallery(
-    model: str | Path, images: str, db: str | Path, *, split: str | None = None, batch_size: int = 256,
-    workers: int | None = None, index: str | None = None, device: str = "auto", resume: bool = False,
-    overwrite: bool = False, thumbnail_size: int = THUMBNAIL_SIZE, max_pixels: int | None = DEFAULT_MAX_PIXELS,
-    min_side: int = MIN_SIDE, progress: bool = False, embed_step: Callable[[dict], dict] | None = None,
-    engine: str = "local", ray_address: str | None = None, ray_actors: int | None = None,
-) -> JobSummary:
-    """Index every image of a data set spec (`split`: only its train or test part) into a new gallery
-    folder `db` with the exported ONNX `model`; `resume` continues an interrupted build. `index`:
-    auto (default), flat, ivf, ivfpq, hnsw or a faiss factory string. Unreadable images are skipped
-    and listed in DIR/report.json; exact duplicates are stored once. `engine` ray reads and embeds
-    on a Ray cluster (`ray_address`, or a new local one) with `ray_actors` embedding actors."""
+def build_gallery(model: str | Path, images: str, db: str | Path, options: BuildOptions | None = None,
+                  **overrides: Any) -> JobSummary:
+    """Index every image of a data set spec into a new gallery folder `db` with the exported ONNX
+    `model`, as `options` (a BuildOptions; keyword arguments override its fields, e.g. `split="test"`)
+    say. `resume` continues an interrupted build. Unreadable images are skipped and listed in
+    DIR/report.json; exact duplicates are stored once."""
     start, db, model = time.perf_counter(), Path(db), Path(model)
-    run_on = _engine(engine, ray_address, ray_actors, embed_step)
-    faiss_device = select_device(device)
-    check_counts(batch_size, workers, ray_actors)
-    settings = ReadSettings(max_pixels, min_side, thumbnail_size)
+    options = replace(options or BuildOptions(), **overrides)
+    faiss_device = select_device(options.device)
+    settings = options.read_settings()
+    split = options.split
     # the images, the model and the index request are checked before anything is made on disk
     image_set = load_image_set(images, split, check=False)
-    embedder = OnnxEmbedder(model, device)
-    if index is not None:
-        check_trainable(choose_index(len(image_set), embedder.dim, index).factory, embedder.dim, len(image_set))
+    embedder = OnnxEmbedder(model, options.device)
+    if options.index is not None:
+        check_trainable(choose_index(len(image_set), embedder.dim, options.index).factory, embedder.dim, len(image_set))
     with job_lock(db):
         reached("locked")
         existing = _existing(db)
-        if existing and not (resume or overwrite):
+        if existing and not (options.resume or options.overwrite):
             raise ValueError(f"{db} already holds a gallery: pass --resume to continue its build, use `metricsearch "
                              "index add` to add images, --overwrite to replace it, or choose another --db")
-        if existing and overwrite:
+        if existing and options.overwrite:
             for name in (LMDB_DIR, INDEX_DIR, MODEL_FILE, REPORT_FILE):
                 shutil.rmtree(db / name) if (db / name).is_dir() else (db / name).unlink(missing_ok=True)
-        store = Store.open(db, writable=True)
-        try:
-            notes = _prepare(store, db, model, embedder, images, split, index, resume and existing, settings)
+        resume = options.resume and existing
+        with Store.opened(db, writable=True) as store:
+            notes = _prepare(store, db, model, embedder, images, split, options.index, resume, settings)
             with store.read() as txn:
                 settings = ReadSettings(**store.meta(txn, "settings"))
             device_info = {"onnxruntime": embedder.providers[0], "faiss": faiss_device}
             log.info("index build: embedding with %s, faiss on %s", *device_info.values())
-            times = _index_images(store, image_set, images, split, embed_step or EmbedStep(embedder),
-                                  embedder.preprocessing, settings, embedder.dim, resume=resume and existing,
-                                  batch_size=batch_size, workers=workers, progress=progress, engine=run_on,
-                                  model=db / MODEL_FILE, device=device)
+            engine = options.make_engine(embedder, db / MODEL_FILE)
+            times = _index_images(store, image_set, source_names(image_set, images, split), engine, embedder,
+                                  settings, options, resume=resume, desc=f"indexing {images}")
             reached("embedded")
             pipeline_s, t = times.total, time.perf_counter()
-            device_info["engine"] = run_on.name
+            device_info["engine"] = engine.name
             with store.read() as txn:
                 ready = store.meta(txn, "state") == "ready"
             if ready:  # a finished build resumed: bring its index up to the images added now
-                with Gallery.open(db, device=device, writable=True) as gallery:
-                    gallery.checkpoint()
+                with edit_gallery(db, device=options.device) as editor:
+                    editor.checkpoint()
             else:
                 build_faiss(store, db, None, faiss_device)
             reached("ready")
@@ -247,8 +228,6 @@ def build_gallery(
             summary = _finish(store, db, times, pipeline_s, device_info, notes)
             reached("reported")
             return summary
-        finally:
-            store.close()
 
 
 def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images: str, split: str | None,
@@ -275,65 +254,103 @@ def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images
             f"{job['failed']} failed"]
 
 
-def check_counts(batch_size: int, workers: int | None, ray_actors: int | None) -> None:
-    """ValueError naming the first of these counts that is given and below 1."""
-    for name, value in (("batch_size (--batch)", batch_size), ("workers (--workers)", workers),
-                        ("ray_actors (--ray-actors)", ray_actors)):
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
+class Editor:
+    """The changes of one open gallery, made under its writer lock: `add`, `remove`, `rebuild`,
+    `checkpoint`; `gallery` searches it and sees each change as it commits. Made by `edit_gallery`."""
+
+    def __init__(self, db: Path, store: Store, gallery: Gallery) -> None:
+        self.db, self.store, self.gallery = db, store, gallery
+
+    def add(self, images: str, options: IndexOptions | None = None, **overrides: Any) -> JobSummary:
+        """Index the images of a spec into the gallery (see `add_images`); searches see each batch as it commits."""
+        start, store, gallery = time.perf_counter(), self.store, self.gallery
+        options = replace(options or IndexOptions(), **overrides)
+        image_set = load_image_set(images, options.split, check=False)
+        start_job(store, "add", images, options.split, resume=False)
+        embedder = gallery.embedder
+        engine = options.make_engine(embedder, embedder.path)
+        times = _index_images(store, image_set, source_names(image_set, images, options.split), engine, embedder,
+                              ReadSettings(**gallery.settings), options, after_batch=gallery.refresh,
+                              desc=f"indexing {images}")
+        pipeline_s, t = times.total, time.perf_counter()
+        self.checkpoint()
+        times.index, times.total = time.perf_counter() - t, time.perf_counter() - start
+        device = {"onnxruntime": embedder.providers[0], "faiss": gallery.faiss_device, "engine": engine.name}
+        return _finish(store, self.db, times, pipeline_s, device, [])
+
+    def remove(self, ids: Sequence[int] | None = None, label: str | None = None) -> np.ndarray:
+        """Remove items by id or by label; returns the ids removed (ValueError for unknown ones)."""
+        if (ids is None) == (label is None):
+            raise ValueError("remove takes ids or a label (one of the two)")
+        catalog = self.gallery.catalog
+        targets = catalog.label_ids(label) if label is not None else np.asarray(list(ids), dtype=np.int64)
+        unknown = np.setdiff1d(targets, catalog.ids)
+        if len(unknown):
+            raise ValueError(f"no item with id {', '.join(map(str, unknown[:10]))} in {self.db}; nothing removed")
+        removed = GalleryWriter(self.store).remove(targets, tombstones=not self.gallery.removable)
+        self.gallery.refresh()
+        self.checkpoint()
+        return removed
+
+    def rebuild(self, index: str | None = None) -> dict:
+        """Build the faiss index again from the stored embeddings (removed ids dropped; `index`: a new type)."""
+        header = build_faiss(self.store, self.db, index, self.gallery.faiss_device)
+        self.gallery.refresh()  # the new generation: loaded from the new file
+        return header
+
+    def checkpoint(self) -> Path:
+        """Save the searched index as the faiss file of the current version; trim the change log."""
+        with self.gallery.snapshot() as state:
+            version = state.version
+            header = dict(state.header, version=version, generation=state.generation, count=len(state.catalog))
+            path = save_index(self.db, state.index, header)
+
+        def trim(txn) -> None:
+            self.store.prune_log(txn, version - LOG_KEEP)
+            bump_version(self.store, txn)
+
+        self.store.write(trim)
+        return path
 
 
-def _engine(name: str, address: str | None, actors: int | None, embed_step: Callable | None) -> Engine:
-    if name != "local" and embed_step is not None:
-        raise ValueError("embed_step runs with the local engine only")
-    return Engine(name, address, actors)
+@contextmanager
+def edit_gallery(db: str | Path, *, model: str | Path | None = None, device: str = "auto") -> Iterator[Editor]:
+    """A built gallery open for changes for the block: its writer lock held, its LMDB writable (both
+    released after); `model` is refused unless it is the gallery's. A faiss file that cannot serve
+    is rebuilt from the stored embeddings first."""
+    db = Path(db)
+    with ExitStack() as stack:
+        stack.enter_context(job_lock(db))
+        store = stack.enter_context(Store.opened(db, writable=True))
+        try:
+            gallery = Gallery(db, store, model, device)
+        except UnusableIndex as exc:
+            log.warning("%s; rebuilding it from the stored embeddings now", str(exc).split(": run ")[0])
+            build_faiss(store, db, None, select_device(device))
+            gallery = Gallery(db, store, model, device)
+        yield Editor(db, store, stack.enter_context(gallery))
 
 
-def run_add(gallery: Gallery, images: str, *, split: str | None = None, batch_size: int = 256,
-            workers: int | None = None, progress: bool = False, embed_step: Callable[[dict], dict] | None = None,
-            engine: str = "local", ray_address: str | None = None, ray_actors: int | None = None) -> JobSummary:
-    """Index the images of a spec into an open, writable gallery; searches see each batch as it commits."""
-    start, store = time.perf_counter(), gallery.store
-    run_on = _engine(engine, ray_address, ray_actors, embed_step)
-    check_counts(batch_size, workers, ray_actors)
-    if not store.writable:
-        raise ValueError(f"{gallery.db} was opened read-only: open it with writable=True to add images")
-    image_set = load_image_set(images, split, check=False)
-    start_job(store, "add", images, split, resume=False)
-    embedder = gallery.embedder
-    times = _index_images(store, image_set, images, split, embed_step or EmbedStep(embedder), embedder.preprocessing,
-                          ReadSettings(**gallery.settings), gallery.dim, resume=False, batch_size=batch_size,
-                          workers=workers, progress=progress, after_batch=gallery.refresh, engine=run_on,
-                          model=embedder.path, device=gallery.device)
-    pipeline_s, t = times.total, time.perf_counter()
-    gallery.checkpoint()
-    times.index, times.total = time.perf_counter() - t, time.perf_counter() - start
-    device = {"onnxruntime": embedder.providers[0], "faiss": gallery.faiss_device, "engine": run_on.name}
-    return _finish(store, gallery.db, times, pipeline_s, device, [])
-
-
-def add_images(db: str | Path, images: str, *, split: str | None = None, model: str | Path | None = None,
-               batch_size: int = 256, workers: int | None = None, device: str = "auto", progress: bool = False,
-               embed_step: Callable[[dict], dict] | None = None, engine: str = "local", ray_address: str | None = None,
-               ray_actors: int | None = None) -> JobSummary:
+def add_images(db: str | Path, images: str, options: IndexOptions | None = None, *, model: str | Path | None = None,
+               **overrides: Any) -> JobSummary:
     """Add the images of a data set spec to a gallery with its own model (`model`: refused unless it is the
-    gallery's). Images already in the gallery are skipped as exact duplicates, so an interrupted add
-    continues when run again. `engine`, `ray_address`, `ray_actors`: as for build_gallery."""
-    with Gallery.open(db, model=model, device=device, writable=True) as gallery:
-        return gallery.add(images, split=split, batch_size=batch_size, workers=workers, progress=progress,
-                           embed_step=embed_step, engine=engine, ray_address=ray_address, ray_actors=ray_actors)
+    gallery's), as `options` (an IndexOptions; keyword arguments override its fields). Images already
+    in the gallery are skipped as exact duplicates, so an interrupted add continues when run again."""
+    options = replace(options or IndexOptions(), **overrides)
+    with edit_gallery(db, model=model, device=options.device) as editor:
+        return editor.add(images, options)
 
 
 def remove_items(db: str | Path, ids: Sequence[int] | None = None, label: str | None = None) -> dict:
     """Remove items by id or by label; returns {"removed": n, "ids": [...], "count": items left}."""
-    with Gallery.open(db, writable=True) as gallery:
-        removed = gallery.remove(ids, label)
-        return {"removed": len(removed), "ids": removed.tolist(), "count": len(gallery)}
+    with edit_gallery(db) as editor:
+        removed = editor.remove(ids, label)
+        return {"removed": len(removed), "ids": removed.tolist(), "count": len(editor.gallery)}
 
 
 def rebuild_index(db: str | Path, index: str | None = None, device: str = "auto") -> dict:
     """Build the faiss index again from the stored embeddings (as `index`, or the type asked for before);
     drops ids removed from an index that cannot remove. Returns the gallery's info."""
-    with Gallery.open(db, device=device, writable=True) as gallery:
-        gallery.rebuild(index)
-        return gallery.info()
+    with edit_gallery(db, device=device) as editor:
+        editor.rebuild(index)
+        return editor.gallery.info()

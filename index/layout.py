@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import struct
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import lmdb
 import numpy as np
 
-from .locks import RWLock
+from .locks import OPEN, RWLock
 from .steps import reached
 
 LMDB_DIR = "gallery.lmdb"
@@ -98,10 +97,6 @@ def reporting_damage(db: Path) -> Iterator[None]:
                              "--overwrite`") from exc
 
 
-_OPEN: dict[str, tuple[Store, int]] = {}
-_OPEN_LOCK = threading.Lock()  # guards the table of open stores
-
-
 class Store:
     """One gallery's LMDB environment, shared by everything in this process that opens it.
 
@@ -137,28 +132,30 @@ class Store:
         if not writable and not (path / "data.mdb").is_file():
             raise FileNotFoundError(f"{folder} is not a gallery (no {LMDB_DIR}): make one with `metricsearch index build`")
         key = str(path.resolve())
-        with _OPEN_LOCK:
-            store, users = _OPEN.get(key, (None, 0))
-            if store is not None and writable and not store.writable:
+
+        def check(store: Store) -> None:
+            if writable and not store.writable:
                 raise ValueError(f"{folder} is open read-only in this process: close that Gallery before changing it")
-            if store is None:
-                path.mkdir(parents=True, exist_ok=True)
-                store = cls(path, writable)
-            _OPEN[key] = (store, users + 1)
-            return store
+
+        def make() -> Store:
+            path.mkdir(parents=True, exist_ok=True)
+            return cls(path, writable)
+
+        return OPEN.acquire(key, make, check)
+
+    @classmethod
+    @contextmanager
+    def opened(cls, folder: Path, writable: bool = False) -> Iterator[Store]:
+        """`Store.open` for the block, closed after it."""
+        store = cls.open(folder, writable)
+        try:
+            yield store
+        finally:
+            store.close()
 
     def close(self) -> None:
         """Give this user's handle back; the environment closes with its last user."""
-        key = str(self.path.resolve())
-        with _OPEN_LOCK:
-            store, users = _OPEN.get(key, (None, 0))
-            if store is not self:
-                return
-            if users > 1:
-                _OPEN[key] = (store, users - 1)
-                return
-            del _OPEN[key]
-            self.env.close()
+        OPEN.release(str(self.path.resolve()), self, lambda store: store.env.close())
 
     # --- transactions ---------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""Locks of a gallery: a readers-writer lock for threads of one process, and the writer lock file
-that lets one job at a time change a gallery folder."""
+"""Locks of a gallery: a readers-writer lock for threads of one process, the writer lock file
+that lets one job at a time change a gallery folder, and `OPEN`, the one process-wide table of
+shared handles (LMDB environments, writer lock files) behind one lock."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 LOCK_FILE = "write.lock"
-_OPEN_LOCK = threading.Lock()
+T = TypeVar("T")
 
 
 class RWLock:
@@ -57,7 +58,57 @@ class RWLock:
                 self._cond.notify_all()
 
 
-_LOCKS: dict[str, list] = {}
+class SharedHandles:
+    """Process-wide handles that must be opened once per process (an LMDB environment, a lock file),
+    keyed by resolved path and counted by user; the last user's release closes the handle."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._table: dict[str, list] = {}
+
+    def acquire(self, key: str, make: Callable[[], T], check: Callable[[T], None] = lambda handle: None) -> T:
+        """The open handle of `key` (`check`ed) or a new one from `make()`; one more user either way."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None:
+                entry = self._table[key] = [make(), 0]
+            else:
+                check(entry[0])
+            entry[1] += 1
+            return entry[0]
+
+    def release(self, key: str, handle: object, close: Callable[[T], None]) -> None:
+        """One user less of `handle`; `close(handle)` when it was the last (nothing if `key` holds another)."""
+        with self._lock:
+            entry = self._table.get(key)
+            if entry is None or entry[0] is not handle:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._table[key]
+                close(handle)
+
+
+OPEN = SharedHandles()
+
+
+def _lock_file(db: Path, path: str) -> int:
+    """The writer lock file, opened and locked (ValueError naming the holder's pid when another process has it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise ValueError(f"{db} is being changed by another job (pid {holder}); wait for it to finish") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _unlock_file(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
 
 
 @contextmanager
@@ -67,26 +118,8 @@ def job_lock(db: Path) -> Iterator[None]:
     db = Path(db)
     db.mkdir(parents=True, exist_ok=True)
     key = str((db / LOCK_FILE).resolve())
-    with _OPEN_LOCK:
-        entry = _LOCKS.get(key)
-        if entry is None:
-            fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
-                os.close(fd)
-                raise ValueError(f"{db} is being changed by another job (pid {holder}); wait for it to finish") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-            entry = _LOCKS[key] = [fd, 0]
-        entry[1] += 1
+    fd = OPEN.acquire(key, lambda: _lock_file(db, key))
     try:
         yield
     finally:
-        with _OPEN_LOCK:
-            entry[1] -= 1
-            if entry[1] == 0:
-                fcntl.flock(entry[0], fcntl.LOCK_UN)
-                os.close(entry[0])
-                del _LOCKS[key]
+        OPEN.release(key, fd, _unlock_file)

@@ -1,6 +1,7 @@
-"""Indexing as three stages that overlap: reader (threads decode, hash, thumbnail) -> embedder
-(a callable over batches, as Ray Data's map_batches takes) -> writer (one LMDB transaction per
-batch). Bounded queues between them keep memory flat; the slowest stage sets the pace."""
+"""Indexing as three stages: reader (decode, hash, thumbnail: `ImageReader`) -> embedder (a callable
+over batches, as Ray Data's map_batches takes: `EmbedStep`) -> writer (`write_batches`, one LMDB
+transaction per batch, in order). An `Engine` runs them: `engines.LocalEngine` (threads here) or
+`ray_engine.RayEngine` (a Ray cluster), the writer always in this process."""
 
 from __future__ import annotations
 
@@ -8,19 +9,16 @@ import hashlib
 import io
 import math
 import os
-import queue
-import threading
 import time
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 from PIL import Image
 
 from metricsearch.data import DEFAULT_MAX_PIXELS, ImageSet, UnreadableImageError, load_image
-from metricsearch.models import OnnxEmbedder, Preprocessing, ordered_batches
+from metricsearch.models import OnnxEmbedder, Preprocessing
 
 THUMBNAIL_SIZE = 256
 MIN_SIDE = 8
@@ -200,110 +198,29 @@ class StageTimes:
                                                         "total")}
 
 
-class _Stop(Exception):
-    pass
+WriteFn = Callable[[list[ReadItem], "np.ndarray | None"], Any]
 
 
-_DONE = object()
+def write_batches(batches: Iterable[tuple[list[ReadItem], np.ndarray | None]], write: WriteFn, times: StageTimes,
+                  bar: Any = None) -> None:
+    """Stage 3 under every engine: hand each embedded batch, in order, to the single writer `write`;
+    times the writer's waits for batches and its writes (and moves the progress `bar`)."""
+    start = time.perf_counter()
+    for items, vectors in batches:
+        times.write_wait += time.perf_counter() - start
+        start = time.perf_counter()
+        write(items, vectors)
+        times.write += time.perf_counter() - start
+        if bar is not None:
+            bar.update(len(items))
+        start = time.perf_counter()
 
 
-def run_pipeline(read: ImageReader, positions: list[int], embed: Callable[[dict], dict],
-                 write: Callable[[list[ReadItem], np.ndarray | None], Any], *, batch_size: int = 256,
-                 workers: int | None = None, progress: bool = False, desc: str = "indexing") -> StageTimes:
-    """Read, embed and write the images at `positions` in order, the three stages in their own threads."""
-    from tqdm.auto import tqdm
+class Engine(Protocol):
+    """What runs the stages: reads the images at `positions` with `reader`, embeds them, and hands
+    the batches in order to `write` (stage 3, here); returns the seconds per stage."""
 
-    times, stop = StageTimes(items=len(positions)), threading.Event()
-    to_embed: queue.Queue = queue.Queue(1)
-    to_write: queue.Queue = queue.Queue(1)
-    in_flight: set[bytes] = set()
-    lock = threading.Lock()
+    name: str
 
-    def put(q: queue.Queue, value: Any) -> None:
-        while not stop.is_set():
-            try:
-                return q.put(value, timeout=0.1)
-            except queue.Full:
-                pass
-        raise _Stop
-
-    def get(q: queue.Queue) -> Any:
-        while not stop.is_set():
-            try:
-                return q.get(timeout=0.1)
-            except queue.Empty:
-                pass
-        raise _Stop
-
-    def dedupe(item: ReadItem) -> None:  # in order: the first of identical images is kept
-        with lock:
-            seen = item.sha256 in in_flight
-        if seen or read.committed(item.sha256):
-            item.status, item.pixels, item.thumbnail = "duplicate", None, b""
-        else:
-            with lock:
-                in_flight.add(item.sha256)
-
-    def reading() -> None:
-        try:
-            batches = ordered_batches(lambda j: read(positions[j]), len(positions), batch_size, workers, prefetch=1)
-            with closing(batches):
-                for _, items in batches:
-                    for item in items:
-                        times.read += item.seconds
-                        if item.status == "ok":
-                            dedupe(item)
-                    put(to_embed, items)
-            put(to_embed, _DONE)
-        except _Stop:
-            pass
-        except BaseException as exc:  # handed to the writer, which raises it
-            put(to_embed, exc)
-
-    def embedding() -> None:
-        try:
-            while True:
-                start = time.perf_counter()
-                items = get(to_embed)
-                times.embed_wait += time.perf_counter() - start
-                if items is _DONE or isinstance(items, BaseException):
-                    return put(to_write, items)
-                ok = [it for it in items if it.status == "ok"]
-                vectors = None
-                if ok:
-                    start = time.perf_counter()
-                    vectors = embed({"pixels": np.stack([it.pixels for it in ok])})["embedding"]
-                    times.embed += time.perf_counter() - start
-                    for it in ok:
-                        it.pixels = None
-                put(to_write, (items, vectors))
-        except _Stop:
-            pass
-        except BaseException as exc:
-            put(to_write, exc)
-
-    threads = [threading.Thread(target=f, name=f"index-{f.__name__}", daemon=True) for f in (reading, embedding)]
-    with tqdm(total=len(positions), desc=desc, unit="img", disable=None if progress else True, smoothing=0.05) as bar:
-        for t in threads:
-            t.start()
-        try:
-            while True:
-                start = time.perf_counter()
-                got = get(to_write)
-                times.write_wait += time.perf_counter() - start
-                if got is _DONE:
-                    break
-                if isinstance(got, BaseException):
-                    raise got
-                items, vectors = got
-                start = time.perf_counter()
-                write(items, vectors)
-                times.write += time.perf_counter() - start
-                with lock:
-                    in_flight.difference_update(it.sha256 for it in items if it.status == "ok")
-                bar.update(len(items))
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
-    return times
+    def run(self, reader: ImageReader, positions: list[int], write: WriteFn, *, batch_size: int = 256,
+            progress: bool = False, desc: str = "indexing") -> StageTimes: ...

@@ -1,11 +1,11 @@
-"""The `ray` indexing engine: the reading and embedding stages of the pipeline on a Ray cluster.
+"""`RayEngine`: the reading and embedding stages of the pipeline on a Ray cluster.
 
     positions --map_batches(ImageReader, tasks)--> read items + pixels
               --map_batches(RayEmbedder, actor pool: one per GPU, or CPU actors)--> + embeddings
               --iter_batches (in order)--> the gallery's single LMDB writer, here in the driver
 
 Only the two stages move: which images to read (resume), duplicates (the writer keeps the first
-of identical images, in order), failures and the report are the local engine's code. Ray is
+of identical images, in order), failures and the report are the jobs' code. Ray is
 imported inside the functions, so `metricsearch.index` works without the `scale` extra.
 """
 
@@ -17,14 +17,13 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
-from .pipeline import EmbedStep, ImageReader, ReadItem, StageTimes
+from .pipeline import EmbedStep, ImageReader, ReadItem, StageTimes, WriteFn, write_batches
 
 log = logging.getLogger("metricsearch.index")
-ENGINES = ("local", "ray")
 READ_TASK_BASE_MEMORY = 192 << 20  # a worker process with numpy, PIL and onnxruntime loaded
 _TEXT = ("status", "source", "label", "reason")
 _BYTES = ("sha256", "thumbnail")
@@ -123,27 +122,41 @@ def cluster_actors(resources: dict, device: str = "auto", actors: int | None = N
     return actors or max(1, cpus // 2), {"num_cpus": 1}
 
 
-def run_ray_pipeline(read: ImageReader, positions: list[int], model: str | Path,
-                     write: Callable[[list[ReadItem], np.ndarray | None], Any], *, batch_size: int = 256,
-                     device: str = "auto", address: str | None = None, actors: int | None = None,
-                     progress: bool = False) -> StageTimes:
-    """Read and embed the images at `positions` on Ray, and `write` the batches in order here."""
-    times = StageTimes(items=len(positions))
-    if not positions:
+class RayEngine:
+    """Runs the reading and embedding stages on Ray (the cluster at `address`, a new local one without):
+    reading on tasks, the ONNX `model` on `actors` embedding actors (default one per GPU, else half
+    the CPUs); the batches come back in order to the writer here."""
+
+    name = "ray"
+
+    def __init__(self, model: str | Path, device: str = "auto", address: str | None = None,
+                 actors: int | None = None) -> None:
+        self.model, self.device, self.address, self.actors = Path(model), device, address, actors
+
+    def run(self, reader: ImageReader, positions: list[int], write: WriteFn, *, batch_size: int = 256,
+            progress: bool = False, desc: str = "indexing") -> StageTimes:
+        """Read and embed the images at `positions` on Ray, and `write` the batches in order here."""
+        times = StageTimes(items=len(positions))
+        if not positions:
+            return times
+        with ray_session(self.address) as ray:
+            ds = self._dataset(ray, reader, positions, batch_size, progress)
+            write_batches(_batches(ds, batch_size, times), write, times)
         return times
-    prep = read.preprocessing
-    shape = (prep.channels, prep.size, prep.size)
-    # without `committed` (an LMDB handle of this process): the writer finds committed duplicates
-    read = ImageReader(read.images, read.sources, prep, read.settings)
-    with ray_session(address) as ray:
+
+    def _dataset(self, ray: Any, read: ImageReader, positions: list[int], batch_size: int, progress: bool) -> Any:
         import ray.data
 
+        prep = read.preprocessing
+        shape = (prep.channels, prep.size, prep.size)
+        # without `committed` (an LMDB handle of this process): the writer finds committed duplicates
+        read = ImageReader(read.images, read.sources, prep, read.settings)
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True  # the first of identical images is kept, as locally
         context.enable_progress_bars = progress
         if not progress:
             logging.getLogger("ray.data").setLevel(logging.WARNING)
-        count, per_actor = cluster_actors(ray.cluster_resources(), device, actors)
+        count, per_actor = cluster_actors(ray.cluster_resources(), self.device, self.actors)
         log.info("ray: %d embedding actor(s), each with %s", count, per_actor)
         blocks = max(1, min(len(positions) // max(1, batch_size), 4 * int(ray.cluster_resources().get("CPU", 1))))
         ds = ray.data.from_items([{"position": p} for p in positions], override_num_blocks=blocks)
@@ -152,27 +165,15 @@ def run_ray_pipeline(read: ImageReader, positions: list[int], model: str | Path,
         side = max(read.settings.thumbnail_size, prep.size)
         memory = batch_size * (4 * int(np.prod(shape)) + 3 * side * side) + READ_TASK_BASE_MEMORY
         ds = ds.map_batches(ReadBatch(read, shape), batch_size=batch_size, num_cpus=1, memory=memory)
-        ds = ds.map_batches(RayEmbedder, fn_constructor_kwargs={"model_bytes": Path(model).read_bytes(),
-                                                                 "device": device},
-                            batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=count), **per_actor)
-        start = time.perf_counter()
-        for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy", prefetch_batches=1):
-            times.write_wait += time.perf_counter() - start
-            items, vectors = _items(batch)
-            times.read += sum(it.seconds for it in items)
-            times.embed += float(np.sum(batch["embed_seconds"]))
-            start = time.perf_counter()
-            write(items, vectors)
-            times.write += time.perf_counter() - start
-            start = time.perf_counter()
-    return times
+        return ds.map_batches(RayEmbedder, fn_constructor_kwargs={"model_bytes": self.model.read_bytes(),
+                                                                  "device": self.device},
+                              batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=count), **per_actor)
 
 
-def check_engine(engine: str) -> str:
-    """`engine` when it is local or ray (ValueError otherwise); ray: ImportError without Ray."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine == "ray":
-        import_ray()
-    return engine
-
+def _batches(ds: Any, batch_size: int, times: StageTimes) -> Iterator[tuple[list[ReadItem], np.ndarray | None]]:
+    """The dataset's batches in order as (items, embeddings), adding their read and embed seconds to `times`."""
+    for batch in ds.iter_batches(batch_size=batch_size, batch_format="numpy", prefetch_batches=1):
+        items, vectors = _items(batch)
+        times.read += sum(it.seconds for it in items)
+        times.embed += float(np.sum(batch["embed_seconds"]))
+        yield items, vectors

@@ -28,7 +28,7 @@ def test_cuda_without_gpu_is_a_clear_error() -> None:
 
 
 def test_unknown_device_is_rejected() -> None:
-    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+    with pytest.raises(ValueError, match="auto, cpu, cuda or cuda:N"):
         resolve_device("tpu")
 
 

@@ -66,8 +66,7 @@ def test_build_then_search_finds_each_image_itself_with_its_label(built, digit_c
 
 def test_vectors_search_in_batches_and_refuse_another_width(built) -> None:
     with Gallery.open(built) as gallery:
-        with gallery.store.read() as txn:
-            ids, vectors = gallery.store.vectors(txn)
+        ids, vectors = gallery.vectors()
         results = gallery.search(vectors[:40], k=1)
         assert [int(h[0].id) for h in results] == ids[:40].tolist()
         assert len(results) == 40 and [int(h[0].id) for h in results[5:8]] == ids[5:8].tolist()
@@ -101,8 +100,7 @@ def test_add_remove_by_id_and_label_then_verify(index, digits_onnx, digit_classe
     assert check["ok"], check["problems"]
     assert check["count"] == 195
     with Gallery.open(db) as gallery:
-        with gallery.store.read() as txn:
-            _, vectors = gallery.store.vectors(txn)
+        _, vectors = gallery.vectors()
         assert "0" not in gallery.labels()
         found = {int(i) for hits in gallery.search(vectors, k=20) for i in hits.ids}
         assert not found & set(victims) and all(h.label != "0" for hits in gallery.search(vectors, 5) for h in hits)
@@ -138,8 +136,7 @@ def test_flat_recall_from_evaluate_db_equals_brute_force(digits_onnx, tmp_path, 
     assert main(["evaluate", "--db", str(db), "--json"]) == 0
     through_index = json.loads(capsys.readouterr().out)
     with Gallery.open(db) as gallery:
-        with gallery.store.read() as txn:
-            _, vectors = gallery.store.vectors(txn, gallery.catalog.ids)
+        _, vectors = gallery.vectors(gallery.catalog.ids)
         labels = gallery.catalog.codes
     brute = json.loads(json.dumps(evaluate(vectors, labels, recall_k=(1, 2, 4, 8, 16, 32))))
     assert set(through_index) == set(brute) == {"recall_at_k", "nmi", "map_at_r", "n_queries"}

@@ -7,6 +7,7 @@ import io
 import json
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,8 @@ import pytest
 from index_data import cli, cli_popen, job_state, report, write_flat_folder
 from PIL import Image
 
-from metricsearch.index import Gallery, add_images, build_gallery, evaluate_gallery, verify_gallery
-from metricsearch.index.layout import ADD
+from metricsearch.index import Gallery, add_images, build_gallery, edit_gallery, evaluate_gallery, verify_gallery
+from metricsearch.index.layout import ADD, Store
 
 
 def noise_photo(seed: int, size: tuple[int, int] = (64, 48)) -> Image.Image:
@@ -127,10 +128,16 @@ def test_an_add_killed_midway_leaves_a_consistent_gallery_and_runs_again(digits_
     assert verify_gallery(db) == {**verify_gallery(db), "ok": True, "notes": []}
 
 
-def batches_of_add(gallery: Gallery, after: int) -> list[np.ndarray]:
+def committed_version(db) -> int:
+    """The gallery's count of committed writes."""
+    with Store.opened(db) as store, store.read() as txn:
+        return store.version(txn)
+
+
+def batches_of_add(db, after: int) -> list[np.ndarray]:
     """The id batches committed by writes after version `after`, from the change log."""
-    with gallery.store.read() as txn:
-        changes = gallery.store.log_since(txn, after, gallery.store.version(txn))
+    with Store.opened(db) as store, store.read() as txn:
+        changes = store.log_since(txn, after, store.version(txn))
     return [ids for op, ids in changes if op == ADD]
 
 
@@ -165,22 +172,25 @@ def assert_whole_batches(seen: list[frozenset], batches: list[np.ndarray]) -> No
 def test_eight_threads_search_while_images_are_added(where, digits_onnx, tmp_path) -> None:
     db = tmp_path / "g"
     build_gallery(digits_onnx, "digits", db, split="test")
-    with Gallery.open(db, writable=where == "same process") as gallery:
-        base, start = set(gallery.catalog.ids.tolist()), gallery.store.env.info()["last_txnid"]
-        with gallery.store.read() as txn:
-            start = gallery.store.version(txn)
+    with ExitStack() as stack:
+        if where == "same process":  # the writer's own gallery searches while it adds
+            editor = stack.enter_context(edit_gallery(db))
+            gallery = editor.gallery
+        else:
+            gallery = stack.enter_context(Gallery.open(db))
+        base, start = set(gallery.catalog.ids.tolist()), committed_version(db)
         if where == "other process":
             proc = cli_popen("index", "add", "--db", str(db), "--images", "digits", "--split", "train", "--batch", "16")
             seen, errors = search_while(gallery, lambda: proc.poll() is None, base)
             assert proc.returncode == 0, proc.stderr.read()
         else:
-            adder = threading.Thread(target=gallery.add, args=("digits",), kwargs={"split": "train", "batch_size": 16})
+            adder = threading.Thread(target=editor.add, args=("digits",), kwargs={"split": "train", "batch_size": 16})
             adder.start()
             seen, errors = search_while(gallery, adder.is_alive, base)
             adder.join()
         assert not errors, errors[:3]
         gallery.refresh()
-        batches = batches_of_add(gallery, start)
+        batches = batches_of_add(db, start)
         assert sum(map(len, batches)) == 901 and len(gallery) == 896 + 901
         assert len(seen) > 8
         assert_whole_batches(seen, batches)
@@ -195,8 +205,7 @@ def test_ivf_gallery_of_omniglot_drawings(digits_onnx, omniglot_dir, tmp_path, c
     assert summary.indexed + summary.duplicates == 2240 and summary.failed == 0
     assert summary.index["kind"] == "ivf" and summary.index["tuning"]["recall_at_10"] >= 0.95
     with Gallery.open(db) as gallery:
-        with gallery.store.read() as txn:
-            ids, vectors = gallery.store.vectors(txn)
+        ids, vectors = gallery.vectors()
         hits = gallery.search(vectors[::50], k=1)
         assert [int(h[0].id) for h in hits] == ids[::50].tolist()
         assert gallery.info()["search_params"]["nprobe"] >= 1

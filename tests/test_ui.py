@@ -275,3 +275,58 @@ def test_a_taken_port_is_a_one_line_error(digits_gallery: Path, free_port: int, 
         assert main(["serve", "--db", str(digits_gallery), "--port", str(free_port)]) == 2
     assert capsys.readouterr().err == (f"metricsearch serve: error: port {free_port} on 127.0.0.1 is taken "
                                        "(another server?): pass another --port\n")
+
+
+SIDE_EFFECTS = """
+import json, os, signal, socket, sys
+import faiss
+import gradio  # its own import sets HF_HUB_DISABLE_TELEMETRY: not ours to undo
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def mine(signum, frame):
+    pass
+
+faiss.omp_set_num_threads(3)
+signal.signal(signal.SIGTERM, mine)
+state = lambda: (dict(os.environ), faiss.omp_get_max_threads(), signal.getsignal(signal.SIGTERM))
+before = state()
+from metricsearch.app.web import serve
+server = serve(sys.argv[1], port=free_port(), block=False, log=lambda _: None)
+during = faiss.omp_get_max_threads()
+server.close()
+after_close = state()
+
+def sigterm_now(message):  # the blocking server is up: SIGTERM stops it as Ctrl-C does
+    os.kill(os.getpid(), signal.SIGTERM)
+
+try:
+    serve(sys.argv[1], port=free_port(), log=sigterm_now)
+    stopped = False
+except KeyboardInterrupt:
+    stopped = True
+after_block = state()
+changed = lambda after: [k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k)]
+print(json.dumps({"during": during, "stopped": stopped,
+                  "env": [changed(after_close), changed(after_block)],
+                  "threads": [after_close[1], after_block[1]],
+                  "handler_kept": [after_close[2] is mine, after_block[2] is mine]}))
+"""
+
+
+def test_serve_leaves_the_process_as_it_found_it(digits_gallery: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SIDE_EFFECTS, str(digits_gallery)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["during"] == 1  # one OpenMP thread per search while serving
+    assert result["stopped"]
+    assert result["env"] == [[], []]  # no environment variable set, at import or while serving
+    assert result["threads"] == [3, 3] and result["handler_kept"] == [True, True]

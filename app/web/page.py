@@ -7,27 +7,25 @@ import ctypes.util
 import errno
 import ipaddress
 import math
-import os
 import signal
 import socket
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # offline and private: no calls home
+import gradio as gr
+from PIL import Image
 
-import gradio as gr  # noqa: E402
-from PIL import Image  # noqa: E402
+from fastapi.middleware import Middleware
 
-from fastapi.middleware import Middleware  # noqa: E402
-
-from metricsearch.app.web.api import mount_api  # noqa: E402
-from metricsearch.app.web.handlers import (  # noqa: E402
-    ALL_LABELS, CLASS_COLUMNS, DEFAULT_QUERY_MAX_PIXELS, EVALUATE_ITEMS, SearchHandlers)  # noqa: E402
-from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, LoginThrottle  # noqa: E402
-from metricsearch.app.web.uploads import close_upload_folder, open_upload_folder  # noqa: E402
+from metricsearch.app.web.api import mount_api
+from metricsearch.app.web.handlers import (
+    ALL_LABELS, CLASS_COLUMNS, DEFAULT_QUERY_MAX_PIXELS, EVALUATE_ITEMS, SearchHandlers)
+from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, LoginThrottle
+from metricsearch.app.web.uploads import close_upload_folder, open_upload_folder
 
 #: system fonts only: the page makes no request to any other site
 THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
@@ -44,7 +42,8 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
     thumbnails and the hits as JSON. All share one concurrency limit.
     """
     labels = [("all labels", ALL_LABELS)] + [(label, label) for label in handlers.labels]
-    with gr.Blocks(title="metricsearch", delete_cache=(3600, 3600)) as page:
+    # analytics off: offline and private, no calls home (and no version check)
+    with gr.Blocks(title="metricsearch", delete_cache=(3600, 3600), analytics_enabled=False) as page:
         gr.Markdown("## metricsearch: visual search\nGive an image; crop it to search for a part. "
                     "Click a result to search with it.")
         with gr.Tab("Search"):
@@ -117,12 +116,15 @@ class Server:
     url: str
     page: gr.Blocks
     handlers: SearchHandlers
+    resources: ExitStack = field(default_factory=ExitStack, repr=False)
 
     def close(self) -> None:
-        """Stop the server and delete its thumbnail files and its upload folder (the gallery stays open)."""
+        """Stop the server, delete its thumbnail files and its upload folder, and give the process back
+        its faiss thread count (the gallery stays open)."""
         self.page.close()
         self.handlers.close()
         close_upload_folder()
+        self.resources.close()
 
 
 def _check_address(host: str, port: int) -> None:
@@ -169,19 +171,17 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
         if not (math.isfinite(value) and value >= least):
             raise ValueError(f"{name} must be a positive number, got {value:g}")
     _check_address(host, port)
-    import faiss
+    from metricsearch.index import Gallery, search_threads
 
-    from metricsearch.index import Gallery
-
-    # one OpenMP thread per search: requests run side by side (`concurrency`), and OpenMP teams
-    # that wait for each other on a busy CPU made a one-query search many times slower
-    faiss.omp_set_num_threads(1)
+    threads = ExitStack()  # one OpenMP thread per search while serving: requests run side by side
+    threads.enter_context(search_threads(1))
     _return_large_buffers_to_the_system()
     gallery = Gallery.open(db)
     try:
         gallery.embedder  # noqa: B018 -- the model loads now, or the command stops now
     except BaseException:
         gallery.close()
+        threads.close()
         raise
     uploads, handlers = open_upload_folder(), None
     try:
@@ -200,17 +200,20 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
             handlers.close()
         gallery.close()
         close_upload_folder()
+        threads.close()
         if isinstance(exc, OSError) and "Cannot find empty port" in str(exc):
             raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
         raise
-    server = Server(url, page, handlers)
-    log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
-    if block:
-        _stop_on_sigterm()
-        try:
+    server = Server(url, page, handlers, threads)
+    if not block:
+        log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
+        return server
+    try:
+        with _sigterm_interrupts():
+            log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
             page.block_thread()  # until Ctrl-C (or SIGTERM)
-        finally:
-            server.close()
+    finally:
+        server.close()
     return server
 
 
@@ -225,10 +228,18 @@ def _return_large_buffers_to_the_system(threshold: int = 1 << 20) -> None:
         pass
 
 
-def _stop_on_sigterm() -> None:
-    """Make SIGTERM stop the server as Ctrl-C does (closing it and deleting its thumbnail files)."""
-    if threading.current_thread() is threading.main_thread():
-        def interrupt(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the server as Ctrl-C does, for the block; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
-        signal.signal(signal.SIGTERM, interrupt)
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -1,0 +1,83 @@
+"""The options of the indexing jobs, every one documented: `IndexOptions` (how `add_images` reads and
+embeds images) and `BuildOptions` (those, plus what `build_gallery` decides for a new gallery)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from metricsearch.data import DEFAULT_MAX_PIXELS
+from metricsearch.models import OnnxEmbedder
+
+from .engines import check_engine, make_engine
+from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, Engine, ReadSettings
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """How images are read and embedded into a gallery (`add_images`, and `build_gallery`).
+
+    split: only the `train` or `test` part of a split spec (--split); None: every image.
+    batch_size: images per inference batch and per LMDB transaction (--batch); at least 1.
+    workers: decoding threads of the local engine (--workers); None: one per core, at most 8.
+    device: `auto` (CUDA for onnxruntime and a GPU for faiss when there), `cpu` or `cuda` (--device).
+    progress: show a progress bar.
+    embed_step: a callable from a batch {"pixels": N x C x H x W} to {"embedding": N x dim} used
+        instead of the gallery's ONNX model (local engine only); None: the model, as `EmbedStep`.
+    engine: where images are read and embedded (--engine): `local` threads here, or `ray` (a Ray
+        cluster; needs the `scale` extra). The single LMDB writer runs here either way.
+    ray_address: the Ray cluster of engine ray (--ray-address); None: start a local one.
+    ray_actors: embedding actors of engine ray (--ray-actors); None: one per GPU of the cluster,
+        else half its CPUs.
+    """
+
+    split: str | None = None
+    batch_size: int = 256
+    workers: int | None = None
+    device: str = "auto"
+    progress: bool = False
+    embed_step: Callable[[dict], dict] | None = None
+    engine: str = "local"
+    ray_address: str | None = None
+    ray_actors: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine != "local" and self.embed_step is not None:
+            raise ValueError("embed_step runs with the local engine only")
+        check_engine(self.engine)
+        for name, value in (("batch_size (--batch)", self.batch_size), ("workers (--workers)", self.workers),
+                            ("ray_actors (--ray-actors)", self.ray_actors)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+
+    def make_engine(self, embedder: OnnxEmbedder, model: Path) -> Engine:
+        """The engine these options name, embedding with `embedder` here or the ONNX file `model` on Ray."""
+        return make_engine(self.engine, self.embed_step or EmbedStep(embedder), model, workers=self.workers,
+                           device=self.device, ray_address=self.ray_address, ray_actors=self.ray_actors)
+
+
+@dataclass(frozen=True)
+class BuildOptions(IndexOptions):
+    """`IndexOptions`, and what a new gallery is made with (`build_gallery`).
+
+    index: the faiss index (--index): `auto` (flat up to 50,000 items, else IVF; IVF-PQ when memory
+        is short), `flat`, `ivf`, `ivfpq`, `hnsw` or a faiss factory string; None: `auto`, or on
+        resume the type asked for before.
+    resume: continue an interrupted build where its committed work ends (--resume).
+    overwrite: replace a gallery already in the folder (--overwrite).
+    thumbnail_size: long side of the stored thumbnails in pixels (--thumbnail-size); 0: none.
+    max_pixels: images with more pixels are refused (decompression bombs) (--max-pixels); None: no limit.
+    min_side: images with a shorter side are refused (--min-side).
+    """
+
+    index: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    thumbnail_size: int = THUMBNAIL_SIZE
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    min_side: int = MIN_SIDE
+
+    def read_settings(self) -> ReadSettings:
+        """How the reader treats images (checked: a bad limit is a ValueError naming its option)."""
+        return ReadSettings(self.max_pixels, self.min_side, self.thumbnail_size)
