@@ -1,4 +1,4 @@
-"""The README's Python API example runs as written: train -> export -> evaluate."""
+"""The README: its Python API and client examples run as written, and its links and the docs' links resolve."""
 
 from __future__ import annotations
 
@@ -42,3 +42,24 @@ def test_web_page_client_example_runs(server, gallery_items, tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]  # after the client's "Loaded as API" line
     assert last.startswith(f"[{{'id': {gallery_items[0][0]}, 'score': "), done.stdout
+
+
+def relative_links(markdown: Path) -> list[str]:
+    """The targets of a Markdown file's relative links and images, without their #anchors."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", markdown.read_text())
+    return [t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+:|#", t)]
+
+
+def test_readme_and_docs_links_resolve() -> None:
+    files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    assert len(files) > 1, "no docs/*.md"
+    broken = [f"{f.relative_to(REPO)} -> {target}" for f in files for target in relative_links(f)
+              if not (f.parent / target).exists()]
+    assert not broken, broken
+    assert all(relative_links(f) for f in files[1:]), "every docs page links back to the README"
+
+
+def test_readme_is_short_and_names_no_local_data() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) < 250
+    assert "../shared" not in text and "pip install metricsearch" not in text
