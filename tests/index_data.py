@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from PIL import Image
@@ -58,6 +59,16 @@ def cli_popen(*args: str) -> subprocess.Popen:
     """`python -m metricsearch ARGS` started in the background."""
     return subprocess.Popen([sys.executable, "-m", "metricsearch", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+
+
+def killed_at_batch(db: Path, args: Sequence[str], batch: int) -> dict:
+    """Run `python -m metricsearch ARGS` until it SIGKILLs itself right after committing its `batch`-th batch
+    (the METRICSEARCH_STOP_AT hook: no race with the clock); the gallery's job state then."""
+    env = {**os.environ, "METRICSEARCH_STOP_AT": f"batch:{batch}"}
+    done = subprocess.run([sys.executable, "-m", "metricsearch", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == -9, (done.returncode, done.stderr)
+    return job_state(db)
 
 
 def job_state(db: Path) -> dict:

@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import pytest
-from index_data import cli, cli_popen, job_state, report, write_flat_folder
+from index_data import cli, cli_popen, killed_at_batch, report, write_flat_folder
 from PIL import Image
 
 from metricsearch.index import Gallery, add_images, build_gallery, edit_gallery, evaluate_gallery, verify_gallery
@@ -72,27 +71,14 @@ def test_hostile_files_are_skipped_and_reported_the_rest_indexed(digits_onnx, tm
     assert verify_gallery(tmp_path / "g")["ok"]
 
 
-def wait_for(db: Path, proc, indexed: int, command: str) -> dict:
-    """Poll the gallery until its `command` job has indexed `indexed` images or the process ended."""
-    deadline = time.monotonic() + 240
-    while proc.poll() is None and time.monotonic() < deadline:
-        state = job_state(db)
-        if state.get("job", {}).get("command") == command and state["job"]["indexed"] >= indexed:
-            break
-        time.sleep(0.01)
-    proc.kill()
-    proc.wait()
-    return job_state(db)
-
-
 def test_build_resumes_after_sigkill_without_losing_or_repeating_an_image(digits_onnx, tmp_path) -> None:
     images = write_flat_folder(tmp_path / "imgs", 1200)
     db = tmp_path / "g"
     args = ["index", "build", "--model", str(digits_onnx), "--images", f"files:{images}", "--db", str(db),
             "--batch", "8", "--workers", "1", "--json"]
-    for i, threshold in enumerate((80, 400)):
-        state = wait_for(db, cli_popen(*args, *(["--resume"] if i else [])), threshold, "build")
-        assert state["state"] == "building" and threshold <= state["job"]["indexed"] < 1200, state
+    for i, (batch, indexed) in enumerate(((10, 80), (40, 400))):  # batches of 8: killed at 80, then 80 + 320
+        state = killed_at_batch(db, [*args, *(["--resume"] if i else [])], batch)
+        assert state["state"] == "building" and state["job"]["indexed"] == indexed, state
         assert state["count"] == state["job"]["indexed"]
     refused = cli(*args)
     assert refused.returncode == 2 and "already holds a gallery" in refused.stderr
@@ -114,10 +100,10 @@ def test_an_add_killed_midway_leaves_a_consistent_gallery_and_runs_again(digits_
         Image.fromarray(255 - np.asarray(Image.open(path)), "L").save(path)
     db = tmp_path / "g"
     build_gallery(digits_onnx, f"files:{first}", db)
-    proc = cli_popen("index", "add", "--db", str(db), "--images", f"files:{second}", "--batch", "8", "--workers", "1")
-    state = wait_for(db, proc, 60, "add")
+    state = killed_at_batch(db, ["index", "add", "--db", str(db), "--images", f"files:{second}", "--batch", "8",
+                                 "--workers", "1"], 8)
     committed = state["job"]["indexed"]
-    assert 60 <= committed < 700
+    assert state["job"]["command"] == "add" and committed == 64
     check = verify_gallery(db)
     assert check["ok"] and check["count"] == 100 + committed, check
     assert "behind the LMDB" in " ".join(check["notes"])
