@@ -22,6 +22,14 @@ from metricsearch.app.web.batching import Coalescer
 
 # -- merging concurrent inference calls ---------------------------------------------------------
 
+
+def wait_until(condition, what: str, seconds: float = 60) -> None:
+    """Poll `condition` until it holds; fail the test, naming `what`, after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.001)
+
 def test_coalescer_merges_calls_that_arrive_together_and_keeps_results_apart() -> None:
     calls: list[list[int]] = []
     gate = threading.Event()
@@ -35,11 +43,9 @@ def test_coalescer_merges_calls_that_arrive_together_and_keeps_results_apart() -
     batcher = Coalescer(square, max_batch=16)
     with ThreadPoolExecutor(9) as pool:
         first = pool.submit(batcher, 1)
-        while not calls:
-            time.sleep(0.001)
+        wait_until(lambda: calls, "the first call")
         rest = [pool.submit(batcher, i) for i in range(2, 10)]
-        while sum(len(c) for c in calls) + len(batcher._pending) < 9:
-            time.sleep(0.001)
+        wait_until(lambda: sum(len(c) for c in calls) + batcher.waiting >= 9, "the other eight queries queued")
         gate.set()
         assert first.result() == 1 and [f.result() for f in rest] == [i * i for i in range(2, 10)]
     assert calls[0] == [1] and sorted(sum(calls[1:], [])) == list(range(2, 10))
@@ -61,11 +67,9 @@ def test_coalescer_gives_an_error_only_to_the_item_that_causes_it() -> None:
     batcher = Coalescer(fail_on_negative, max_batch=8)
     with ThreadPoolExecutor(6) as pool:
         first = pool.submit(batcher, 0)
-        while not calls:
-            time.sleep(0.001)
+        wait_until(lambda: calls, "the first call")
         rest = {i: pool.submit(batcher, i) for i in (1, 2, -3, 4, 5)}
-        while len(batcher._pending) < 5:
-            time.sleep(0.001)
+        wait_until(lambda: batcher.waiting >= 5, "the five queries queued")
         gate.set()
         assert first.result() == 0 and [rest[i].result() for i in (1, 2, 4, 5)] == [1, 2, 4, 5]
         with pytest.raises(ValueError, match="negative"):

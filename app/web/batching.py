@@ -32,6 +32,12 @@ class Coalescer(Generic[Item, Result]):
         #: sizes of the latest batches (at most 1000), newest last: how much merging happened
         self.batch_sizes: list[int] = []
 
+    @property
+    def waiting(self) -> int:
+        """How many queries wait for the next inference call."""
+        with self._cond:
+            return len(self._pending)
+
     def __call__(self, item: Item) -> Result:
         """The result of `item`, computed in one call together with whatever else is waiting."""
         return self.map([item])[0]
