@@ -39,7 +39,7 @@ def test_device_selection_on_a_machine_with_and_without_gpus() -> None:
     assert select_device("cuda", num_gpus=1) == "gpu"
     with pytest.raises(ValueError, match="faiss sees no GPU"):
         select_device("cuda", num_gpus=0)
-    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+    with pytest.raises(ValueError, match="auto, cpu, cuda"):
         select_device("tpu", num_gpus=0)
     assert select_device("auto") == ("gpu" if faiss.get_num_gpus() else "cpu")
 

@@ -99,7 +99,7 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path) -> None:
 def test_existing_run_is_never_overwritten_silently(tmp_path) -> None:
     train(quick_config(tmp_path, "epochs=1"), progress=False)
     before = (tmp_path / "digits" / "last.pt").read_bytes()
-    with pytest.raises(FileExistsError, match="--resume"):
+    with pytest.raises(FileExistsError, match="resume=True"):
         train(quick_config(tmp_path, "epochs=1"), progress=False)
     assert (tmp_path / "digits" / "last.pt").read_bytes() == before
 
