@@ -165,7 +165,7 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
         log.info("faiss: candidate %s", row)
     winner, reason = pick(rows, target_recall)
     if n <= EXACT_ONLY:
-        reason = f"{n} <= {EXACT_ONLY} vectors: exact search, the only candidate"
+        reason = _exact_only(n)
     chosen = time.perf_counter()
     if n <= SAMPLE:
         best = built[winner["factory"]]
@@ -192,6 +192,22 @@ def _finish(report: dict, index: faiss.Index, n: int, target: float, start: floa
         log.warning("faiss: %s reaches recall@10 %.3f (lower bound %.3f), below the target %.2f", report["factory"],
                     report["recall_at_10"], report["recall_at_10_lower"], target)
     return report
+
+
+def _exact_only(n: int) -> str:
+    return f"{n} <= {EXACT_ONLY} vectors: exact search, the only candidate"
+
+
+def current_reason(choice: dict, count: int) -> str | None:
+    """Why a gallery of `count` vectors has its index, from the `choice` (reason, request, tuning.items)
+    made when it was built: items added or removed since are counted, not hidden behind the old size."""
+    built = choice.get("tuning", {}).get("items")
+    if built is None or built == count:
+        return choice.get("reason")
+    if choice.get("request") == "auto" and max(built, count) <= EXACT_ONLY:
+        return _exact_only(count)
+    return (f"chosen for {built} vectors ({choice['reason']}), {count} now; `metricsearch index rebuild` "
+            "chooses again for that size")
 
 
 def pick(rows: list[dict], target: float) -> tuple[dict, str]:

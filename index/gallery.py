@@ -24,7 +24,7 @@ import numpy as np
 
 from metricsearch.models import OnnxEmbedder, select_providers
 
-from .autoindex import candidate_lines
+from .autoindex import candidate_lines, current_reason
 from .catalog import Catalog, SearchResults
 from .faiss_files import index_bytes
 from .faiss_index import select_device
@@ -271,7 +271,7 @@ class Gallery:
             "dim": self.dim, "count": len(self), "labels": len(self.labels()),
             "index_type": state.header["factory"], "index_kind": state.info["kind"], "exact": state.info["exact"],
             "search_params": dict(state.header["params"]), "tuning": state.header.get("tuning", {}),
-            "index_reason": state.header.get("reason"), "index_candidates": candidate_lines(state.header.get("choice", {})),
+            "index_reason": current_reason(state.header, len(self)), "index_candidates": candidate_lines(state.header.get("choice", {})),
             "removed_pending_rebuild": int(len(state.tombstones)), "version": state.version,
             "device": {"faiss": self.faiss_device, "onnxruntime": providers[0]},
             "thumbnail_size": self.settings.get("thumbnail_size"), "last_job": job,

@@ -27,7 +27,7 @@ import numpy as np
 from metricsearch.data import ImageSet, load_image_set
 from metricsearch.models import OnnxEmbedder
 
-from .autoindex import build_index
+from .autoindex import build_index, current_reason
 from .faiss_files import UnusableIndex, save_index
 from .faiss_index import INDEX_DIR, PQ_MIN, check_trainable, choose_index, describe, make_index, select_device
 from .gallery import Gallery, check_model, file_sha256
@@ -36,7 +36,7 @@ from .locks import job_lock
 from .options import BuildOptions, IndexOptions
 from .pipeline import Engine, ImageReader, ReadSettings, StageTimes, source_names
 from .steps import reached
-from .writer import GalleryWriter, bump_version, record_job, start_job
+from .writer import GalleryWriter, bump_version, job_record, record_job, start_job
 
 log = logging.getLogger("metricsearch.index")
 MODEL_FILE = "model.onnx"
@@ -68,8 +68,9 @@ class JobSummary:
         return asdict(self)
 
 
-def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str) -> dict:
-    """Build, tune and save the faiss index of every committed embedding; mark the gallery ready."""
+def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str, job: dict | None = None) -> dict:
+    """Build, tune and save the faiss index of every committed embedding; mark the gallery ready (and
+    record `job`, with the index and its count, as the last job)."""
     with store.read() as txn:
         version, generation = store.version(txn), store.meta(txn, "generation", 0)
         model, request = store.meta(txn, "model"), request or store.meta(txn, "index_request", "auto")
@@ -90,6 +91,8 @@ def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str) 
         store.put_meta(txn, "index_request", request)
         store.put_meta(txn, "generation", generation + 1)
         store.put_meta(txn, "state", "ready")
+        if job is not None:
+            store.put_meta(txn, "job", {**job, "index": header["factory"], "count": header["count"]})
         txn.drop(store.dbs["tombstones"], delete=False)
         store.prune_log(txn, version)
         bump_version(store, txn)
@@ -132,6 +135,8 @@ def _finish(store: Store, db: Path, times: StageTimes, pipeline_s: float, device
     with store.read() as txn:
         job, index, count = store.meta(txn, "job"), store.meta(txn, "index"), store.count(txn)
         failures = [{"path": bytes(k).decode(), "reason": bytes(v).decode()} for k, v in txn.cursor(db=store.dbs["failures"])]
+    if index is not None:
+        index = {**index, "reason": current_reason(index, count)}
     seconds = times.to_dict()
     summary = JobSummary(job["command"], str(db), job["images"], job["indexed"], job["duplicates"], job["failed"],
                          count, seconds, round(times.items / pipeline_s, 1) if pipeline_s > 0 else 0.0,
@@ -241,7 +246,7 @@ def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images
         return []
     check_model(meta_model, model, embedder.dim)
     if job is None or job["command"] != "build" or (job["images"], job["split"]) != (images, split):
-        what = f"{job['command']} of {job['images']}" if job else "nothing"
+        what = "nothing" if job is None else job["command"] + (f" of {job['images']}" if job.get("images") else "")
         raise ValueError(f"--resume continues an interrupted build, and the last job here was {what}: pass the same "
                          "--images and --split, or use `metricsearch index add` for other images")
     if index is not None and index != request:
@@ -287,14 +292,15 @@ class Editor:
         unknown = np.setdiff1d(targets, catalog.ids)
         if len(unknown):
             raise ValueError(f"no item with id {', '.join(map(str, unknown[:10]))} in {self.db}; nothing removed")
-        removed = GalleryWriter(self.store).remove(targets, tombstones=not self.gallery.removable)
+        removed = GalleryWriter(self.store).remove(targets, tombstones=not self.gallery.removable,
+                                                   job=job_record("remove", label=label))
         self.gallery.refresh()
         self.checkpoint()
         return removed
 
     def rebuild(self, index: str | None = None) -> dict:
         """Build the faiss index again from the stored embeddings (removed ids dropped; `index`: a new type)."""
-        header = build_faiss(self.store, self.db, index, self.gallery.faiss_device)
+        header = build_faiss(self.store, self.db, index, self.gallery.faiss_device, job_record("rebuild"))
         self.gallery.refresh()  # the new generation: loaded from the new file
         return header
 

@@ -34,6 +34,11 @@ def record_job(store: Store, txn: lmdb.Transaction, command: str, images: str | 
     return job
 
 
+def job_record(command: str, **details) -> dict:
+    """The `job` metadata of a change made without images (remove, rebuild), started now."""
+    return {"command": command, **details, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
 def start_job(store: Store, command: str, images: str | None, split: str | None, resume: bool) -> dict:
     """Record the job that starts (its failures list cleared), or keep the interrupted one on resume."""
     return store.write(lambda txn: record_job(store, txn, command, images, split, resume))
@@ -92,9 +97,10 @@ class GalleryWriter:
 
         return s.write(fn)
 
-    def remove(self, ids: np.ndarray, tombstones: bool) -> np.ndarray:
-        """Delete items (record, embedding, thumbnail, hash, sources) in one transaction and log it;
-        `tombstones` also lists the ids for an index faiss cannot remove from. Returns the removed ids."""
+    def remove(self, ids: np.ndarray, tombstones: bool, job: dict) -> np.ndarray:
+        """Delete items (record, embedding, thumbnail, hash, sources) in one transaction and log it, with
+        `job` (plus the count removed) as the last job; `tombstones` also lists the ids for an index faiss
+        cannot remove from. Returns the removed ids."""
         s, dbs = self.store, self.store.dbs
 
         def fn(txn: lmdb.Transaction) -> np.ndarray:
@@ -123,6 +129,7 @@ class GalleryWriter:
             version = bump_version(s, txn)
             if gone:
                 s.append_log(txn, version, REMOVE, np.array(gone, np.int64))
+            s.put_meta(txn, "job", {**job, "removed": len(gone)})
             return np.array(gone, np.int64)
 
         return s.write(fn)

@@ -114,6 +114,31 @@ def test_add_remove_by_id_and_label_then_verify(index, digits_onnx, digit_classe
     assert main(["index", "verify", "--db", str(db)]) == 0
 
 
+def test_add_remove_rebuild_through_the_cli_report_the_gallery_after_each(built, tmp_path) -> None:
+    db = copy_of(built, tmp_path)
+    extra = write_class_folder(tmp_path / "extra", unique_digits("train", per_class=12))
+    done = cli("index", "add", "--db", str(db), "--images", f"folder:{extra}")
+    assert done.returncode == 0, done.stderr
+    assert "holds 210 items" in done.stdout
+    assert "index: IDMap,Flat (210 <= 2000 vectors: exact search, the only candidate)" in done.stdout
+    info = json.loads(cli("index", "info", "--db", str(db), "--json").stdout)
+    assert info["index_reason"] == "210 <= 2000 vectors: exact search, the only candidate"
+    assert (info["last_job"]["command"], info["last_job"]["indexed"]) == ("add", 60)
+    assert cli("index", "remove", "--db", str(db), "--label", "0").returncode == 0
+    info = json.loads(cli("index", "info", "--db", str(db), "--json").stdout)
+    assert {k: info["last_job"][k] for k in ("command", "label", "removed")} == {"command": "remove", "label": "0",
+                                                                               "removed": 12}
+    assert info["index_reason"] == "198 <= 2000 vectors: exact search, the only candidate"
+    done = cli("index", "rebuild", "--db", str(db), "--index", "hnsw")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(cli("index", "info", "--db", str(db), "--json").stdout)
+    assert {k: info["last_job"][k] for k in ("command", "index", "count")} == {"command": "rebuild",
+                                                                               "index": "IDMap,HNSW32", "count": 198}
+    assert cli("index", "add", "--db", str(db), "--images", f"folder:{extra}").returncode == 0
+    assert json.loads(cli("index", "info", "--db", str(db), "--json").stdout)["index_reason"] == (
+        "chosen for 198 vectors (asked for), 210 now; `metricsearch index rebuild` chooses again for that size")
+
+
 def test_verify_says_what_disagrees(built, tmp_path, capsys) -> None:
     db = copy_of(built, tmp_path)
     assert main(["index", "verify", "--db", str(db)]) == 0
