@@ -44,9 +44,13 @@ def write_hostile(root: Path) -> dict[str, str]:
     frames = [noise_photo(s).convert("P") for s in (5, 6, 7)]
     frames[0].save(root / "animated.gif", save_all=True, append_images=frames[1:], duration=100, loop=0)
     frames[0].save(root / "first_frame.png")
+    pages = [noise_photo(8), noise_photo(9, (30, 50)).convert("L")]  # a multi-page TIFF: indexed as its first page
+    pages[0].save(root / "pages.tif", save_all=True, append_images=pages[1:])
+    pages[0].save(root / "first_page.png")
     Image.new("L", (3000, 3000), 0).save(root / "bomb.png")  # 9 Mpx in a few kB
     return {"ok.jpg": "indexed", "ok_copy.jpg": "duplicate", "cmyk.jpg": "indexed", "sixteen_bit.png": "indexed",
             "palette_transparent.png": "indexed", "animated.gif": "indexed", "first_frame.png": "indexed",
+            "pages.tif": "indexed", "first_page.png": "indexed",
             "truncated.jpg": "truncated", "truncated.png": "truncated", "text.png": "not an image",
             "empty.jpg": "empty file", "one_pixel.png": "smaller than 8 px", "bomb.png": "over the limit of 4000000"}
 
@@ -59,13 +63,17 @@ def test_hostile_files_are_skipped_and_reported_the_rest_indexed(digits_onnx, tm
     assert set(failures) == set(bad)
     for name, reason in bad.items():
         assert reason in failures[name], (name, failures[name])
-    assert (summary.indexed, summary.duplicates, summary.failed) == (6, 1, 6)
+    assert (summary.indexed, summary.duplicates, summary.failed) == (8, 1, 6)
     with Gallery.open(tmp_path / "g") as gallery:
         names = {Path(p).name for p in gallery.catalog.paths}
         assert names == {k for k, v in expected.items() if v == "indexed"}
         hits = gallery.search([str(tmp_path / "in" / "first_frame.png")], k=2)[0]
         assert {Path(h.path).name for h in hits} == {"first_frame.png", "animated.gif"}
         assert min(h.score for h in hits) > 0.9999  # the GIF is indexed as its first frame
+        assert Image.open(tmp_path / "in" / "pages.tif").n_frames == 2
+        hits = gallery.search([str(tmp_path / "in" / "pages.tif")], k=2)[0]  # a query too: its first page
+        assert {Path(h.path).name for h in hits} == {"first_page.png", "pages.tif"}
+        assert min(h.score for h in hits) > 0.9999
         for item_id in gallery.catalog.ids:
             assert max(Image.open(io.BytesIO(gallery.thumbnail(int(item_id)))).size) <= 256
     assert verify_gallery(tmp_path / "g")["ok"]

@@ -206,6 +206,10 @@ def test_client_search_bad_upload_then_good_again(server, gallery_items, tmp_pat
     thumbs, hits = client.predict(query, 3, api_name="/search")
     assert hits[0] == {"id": item_id, "score": hits[0]["score"], "label": label} and hits[0]["score"] > 0.99
     assert len(thumbs) == 3 and thumbs[0]["caption"].endswith(f"#{item_id}")
+    pages = tmp_path / "pages.tiff"  # a multi-page TIFF searches with its first page
+    Image.open(_png(tmp_path, image)).save(pages, save_all=True, append_images=[Image.new("RGB", (90, 30), "red")])
+    assert Image.open(pages).n_frames == 2
+    assert client.predict(handle_file(str(pages)), 3, api_name="/search")[1] == hits
     text = tmp_path / "notes.txt"
     text.write_text("not an image")
     with pytest.raises(Exception, match="notes.txt: not an image"):
