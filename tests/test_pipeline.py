@@ -37,6 +37,23 @@ def test_digits_recipe_reaches_recall_and_writes_run_dir(digits_run) -> None:
     assert (run / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("epochs, evaluated", [(3, [3]), (1, [1]), (40, [10, 20, 30, 40])])
+def test_training_plot_ticks_whole_epochs_on_both_panels(epochs, evaluated) -> None:
+    import matplotlib.pyplot as plt
+
+    from metricsearch.train.plots import training_figure
+
+    history = [{"epoch": e, "loss": 1 / e, **({"recall_at_k": {1: 0.5}} if e in evaluated else {})}
+               for e in range(1, epochs + 1)]
+    fig = training_figure(history)
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        shown = [t for t in ax.get_xticks() if low <= t <= high]
+        assert shown and all(float(t).is_integer() for t in shown), (ax.get_title(), shown)
+        assert low < 1 and high > epochs, (ax.get_title(), low, high)
+    plt.close(fig)
+
+
 def test_export_then_evaluate_reproduces_trainer_recall(digits_run, tmp_path, capsys) -> None:
     onnx_path = tmp_path / "digits.onnx"
     assert main(["export", str(digits_run.run_dir), "--out", str(onnx_path)]) == 0

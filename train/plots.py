@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 
-def plot_training(history: list[dict[str, Any]], out: str | Path, title: str = "") -> Path:
-    """Write a two-panel PNG (train loss, test Recall@1 per epoch) from metrics.jsonl rows."""
+def training_figure(history: list[dict[str, Any]], title: str = "") -> Any:
+    """A two-panel matplotlib figure (train loss, test Recall@1 per epoch) of metrics.jsonl rows; both
+    panels span every epoch and tick whole epochs only."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,8 +25,20 @@ def plot_training(history: list[dict[str, Any]], out: str | Path, title: str = "
     for ax in (ax_loss, ax_r1):
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        if epochs:  # the same span on both panels, even where one epoch was evaluated
+            ax.set_xlim(min(epochs) - 0.25, max(epochs) + 0.25)
+            if max(epochs) - min(epochs) < 10:  # too short a span for the locator to keep to whole numbers
+                ax.set_xticks(range(min(epochs), max(epochs) + 1))
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_training(history: list[dict[str, Any]], out: str | Path, title: str = "") -> Path:
+    """Write the training figure (see `training_figure`) of metrics.jsonl rows as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = training_figure(history, title)
     out = Path(out)
     fig.savefig(out, dpi=110)
     plt.close(fig)
