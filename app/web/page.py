@@ -205,12 +205,14 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
             raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
         raise
     server = Server(url, page, handlers, threads)
+    count = len(handlers.gallery)
+    serving = f"serving {count} image{'' if count == 1 else 's'} from {db} on {url} (Ctrl-C stops)"
     if not block:
-        log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
+        log(serving)
         return server
     try:
         with _sigterm_interrupts():
-            log(f"serving {handlers.gallery.info().get('count', '?')} images from {db} on {url} (Ctrl-C stops)")
+            log(serving)
             page.block_thread()  # until Ctrl-C (or SIGTERM)
     finally:
         server.close()
