@@ -42,7 +42,7 @@ import torch
 from metricsearch.data import ImageSet, load_query_gallery
 from metricsearch.evaluation.metrics import nearest, average_precision_at_r, sq_distances
 from metricsearch.models import PixelEmbedder
-from metricsearch.models.embedder import Embedder, build_embedder, load_embedder
+from metricsearch.models.torch_embedder import Embedder, build_embedder, load_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.optim import build_optimizer

@@ -13,7 +13,7 @@ from PIL import Image
 
 from metricsearch.data import ImageSet
 from metricsearch.models.device import check_device
-from metricsearch.models.embed import embed_image_set
+from metricsearch.models.batches import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 METADATA_PREFIX = "metricsearch."

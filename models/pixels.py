@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from metricsearch.data import ImageSet
-from metricsearch.models.embed import embed_image_set
+from metricsearch.models.batches import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 

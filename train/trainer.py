@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from metricsearch.data import DataSplit, ImageSet, load_split, with_transformed_classes
 from metricsearch.errors import MetricsearchError
 from metricsearch.evaluation import evaluate_split
-from metricsearch.models.embedder import Embedder, build_embedder
+from metricsearch.models.torch_embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.board import Board

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from metricsearch.data import ImageSet
 from metricsearch.models.backbones import backbone_preprocessing, build_backbone
-from metricsearch.models.embed import embed_image_set
+from metricsearch.models.batches import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 
