@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import DataSplit, ImageSet, image_set, make_split
+from .base import RECALL_K, DataSplit, ImageSet, image_set, make_split
 from .scan import find_root, image_path, keep_readable
 
 LISTS = ("train", "val", "test")
