@@ -6,6 +6,7 @@ be silently missing from the wheel; this file itself stays out of it.
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 NOT_SHIPPED = ["tests", "tests.*", "bench", "bench.*", "build", "build.*"]
 
@@ -19,5 +20,16 @@ class BuildPy(build_py):
         return [m for m in modules if (m[0], m[1]) != ("metricsearch", "setup")]
 
 
+class EditableWheel(editable_wheel):
+    """`pip install -e .` in strict mode unless another mode is asked for: a tree of links to the shipped files
+    only, so that, as in the wheel, metricsearch.tests and metricsearch.bench do not exist (the root is the package,
+    and a lenient install would make every folder under it importable). A new module needs `pip install -e .` again."""
+
+    def finalize_options(self) -> None:
+        """Default the mode to strict."""
+        self.mode = self.mode or "strict"
+        super().finalize_options()
+
+
 setup(packages=["metricsearch"] + [f"metricsearch.{name}" for name in find_packages(".", exclude=NOT_SHIPPED)],
-      cmdclass={"build_py": BuildPy})
+      cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel})

@@ -117,7 +117,7 @@ def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch
     if not reuse(3, "index", state.done("index", db), f"the gallery {db} {again}"):
         log(f"[3/5] index: the test classes of {dataset} into {db}")
         new_model = len(ran) > 1  # a new model makes a new gallery; else a build cut short goes on
-        summary = build_gallery(model, dataset, db, split="test", resume=not new_model and db.exists(),
+        summary = build_gallery(model, dataset, db, part="test", resume=not new_model and db.exists(),
                                 overwrite=new_model)
         photos = grocery_specs(dataset)
         if photos is not None:

@@ -33,7 +33,7 @@ def _print_summary(summary, as_json: bool) -> None:
 
 def _index_options(args: argparse.Namespace) -> dict:
     """The IndexOptions fields that `index build` and `index add` share, from their arguments."""
-    return {"split": args.split, "batch_size": args.batch, "workers": args.workers, "device": args.device,
+    return {"part": args.part, "batch_size": args.batch, "workers": args.workers, "device": args.device,
             "progress": not args.json, "engine": args.engine, "ray_address": args.ray_address,
             "ray_actors": args.ray_actors}
 
@@ -149,7 +149,8 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     def images(p: argparse.ArgumentParser) -> None:
         p.add_argument("--images", required=True, help="data set spec: folder:PATH (labels from sub-folders), "
                        "files:PATH (every image below, no labels), csv:FILE (columns path, label), or any adapter")
-        p.add_argument("--split", choices=["train", "test"], help="only this part of a split spec (default: all)")
+        p.add_argument("--part", "--split", dest="part", choices=["train", "test"],
+                       help="only this part of a split spec (default: all; --split is its old name)")
         p.add_argument("--batch", type=int, default=256, help="images per inference batch and per LMDB transaction")
         p.add_argument("--workers", type=int, help="decoding threads (default: one per core, at most 8)")
         p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)

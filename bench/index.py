@@ -37,7 +37,7 @@ def export_model(backbone: str, size: int, channels: int, out: Path) -> Path:
     """An untrained embedder (128-d) exported to ONNX: speed does not depend on the weights."""
     import torch
 
-    from metricsearch.models.embedder import Embedder
+    from metricsearch.models.torch_embedder import Embedder
     from metricsearch.train import export_onnx
 
     torch.manual_seed(0)

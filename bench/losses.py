@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from metricsearch.train.context import TrainContext
 from metricsearch.train.losses import build, names
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -77,7 +78,8 @@ def ours(name: str, labels: Tensor, device: torch.device) -> LossFn:
     """Our loss `name` with its defaults; class statistics, where it takes them, from the batch."""
     classes, counts = torch.unique(labels, return_counts=True)
     class_counts = dict(zip(classes.tolist(), counts.tolist()))
-    module: nn.Module = build(name, class_counts=class_counts, num_classes=len(class_counts))
+    context = TrainContext(labels.cpu().numpy(), class_counts, len(class_counts), len(labels))
+    module: nn.Module = build(name, context)
     return module.to(device)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from metricsearch.data import ImageSet, load_split
 from metricsearch.evaluation.oneshot import episode_errors, mean_ci
 from metricsearch.models import PixelEmbedder
-from metricsearch.models.embedder import load_embedder
+from metricsearch.models.torch_embedder import load_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.trainer import train
 

@@ -42,8 +42,8 @@ import torch
 from metricsearch.data import ImageSet, load_query_gallery
 from metricsearch.evaluation.metrics import nearest, average_precision_at_r, sq_distances
 from metricsearch.models import PixelEmbedder
-from metricsearch.models.embedder import Embedder, build_embedder, load_embedder
-from metricsearch.train.config import load_config
+from metricsearch.models.torch_embedder import Embedder, build_embedder, load_embedder
+from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.optim import build_optimizer
 from metricsearch.train.trainer import build_components, build_setup, train, train_epoch
@@ -169,16 +169,16 @@ def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
 def speed(batches: int, extra: list[str], data: Path) -> dict[str, float]:
     """Images/s of the trainer's epoch loop and of a bare loop (same model, batch, loss, optimizer, decoded batches)."""
     with tempfile.TemporaryDirectory(prefix="photos_speed_") as tmp:
-        config = load_config(RECIPE, [*extra, f"dataset=grocery:{data}", f"batches_per_epoch={batches}",
-                                      f"output_dir={tmp}", "name=speed"])
+        config = typed_config(load_config(RECIPE, [*extra, f"dataset=grocery:{data}", f"batches_per_epoch={batches}",
+                                                   f"output_dir={tmp}", "name=speed"]))
         setup = build_setup(config)
         c0 = cpu_seconds()
         trainer = train_epoch(setup, 0, Path(tmp))["images_per_s"]
         trainer_cpu = cpu_seconds() - c0
         torch.manual_seed(0)
-        model = build_embedder(config["model"], pretrained=config["model"]["pretrained"])
+        model = build_embedder(config.model.model_dump(mode="json"), pretrained=config.model.pretrained)
         loss = build_components(config, setup.split.train)[0]
-        optimizer = build_optimizer(config["optimizer"], model, loss)
+        optimizer = build_optimizer(config.optimizer, model, loss)
         plain = ImageDataset(setup.split.train, model.preprocessing)
         decoded = [(torch.stack([plain[i][0] for i in b]), torch.as_tensor(setup.split.train.labels[b]))
                    for b in list(iter(setup.sampler))[:batches]]
@@ -192,7 +192,7 @@ def speed(batches: int, extra: list[str], data: Path) -> dict[str, float]:
         bare = sum(len(b[0]) for b in decoded) / (time.perf_counter() - t0)
         return {"trainer_images_per_s": trainer, "bare_images_per_s": bare, "ratio": trainer / bare,
                 "trainer_cpu_s": trainer_cpu, "bare_cpu_s": cpu_seconds() - c0, "batches": batches,
-                "batch": len(decoded[0][0]), "num_workers": config["num_workers"]}
+                "batch": len(decoded[0][0]), "num_workers": config.num_workers}
 
 
 def combine(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, float] | None]:

@@ -62,7 +62,7 @@ def median_seconds(fns: list[Callable[[], object]], repeats: int) -> list[float]
 def small_cnn() -> tuple[nn.Module, str]:
     """The project's small embedder if `metricsearch.models` is there, else a local 4-conv CNN."""
     try:
-        from metricsearch.models.embedder import build_embedder
+        from metricsearch.models.torch_embedder import build_embedder
 
         return build_embedder({"backbone": "small_cnn", "dim": 128, "preprocessing": {"size": 32}}), \
             "metricsearch.models small_cnn embedder"

@@ -12,7 +12,7 @@ from .base import SPLIT_MODES, DataSplit, ImageSet, concat_sets, relabel, respli
 from .download import fetch
 from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
 
-__all__ = ["DEFAULT_MAX_PIXELS", "SPLITS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
+__all__ = ["DEFAULT_MAX_PIXELS", "PARTS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
            "concat_sets", "load_image", "load_image_set", "load_query_gallery", "load_split", "resplit",
            "with_transformed_classes"]
 
@@ -32,7 +32,7 @@ _DESCRIPTIONS: dict[str, str] = {
 }
 #: specs that list images without a class split: for indexing, not for training
 _UNSPLIT = ("files", "csv")
-SPLITS = ("train", "test")
+PARTS = ("train", "test")
 _PUBLIC: dict[str, Callable[[Path], DataSplit]] = {
     "omniglot": omniglot.load,
     "cub200": cub200.load,
@@ -97,29 +97,29 @@ def _load_split(spec: str, download: bool, split_classes: float | None) -> DataS
     return _PUBLIC[name](root)
 
 
-def load_image_set(spec: str, split: str | None = None, *, check: bool = True) -> ImageSet:
-    """All images of any spec as one set (both parts of a split), or one part with `split` (train|test).
+def load_image_set(spec: str, part: str | None = None, *, check: bool = True) -> ImageSet:
+    """All images of any spec as one set (both parts of a split), or one `part` (train|test).
 
     `folder:PATH` takes PATH/train + PATH/test when both exist, else PATH's class sub-folders;
     `files:PATH` and `csv:FILE` have no labels or only the CSV's. `check=False` keeps folder
     images whose header PIL cannot read (the indexer reports them instead of skipping them here).
     """
-    if split is not None and split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if part is not None and part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
     name, root = _parse(spec)
-    if name in _UNSPLIT or (name == "folder" and not all((root / s).is_dir() for s in SPLITS)):
-        if split is not None:
-            raise ValueError(f"{spec} has no train/test split: drop --split")
+    if name in _UNSPLIT or (name == "folder" and not all((root / s).is_dir() for s in PARTS)):
+        if part is not None:
+            raise ValueError(f"{spec} has no train/test parts: drop --part")
         loader = {"files": files.load_set, "csv": csvlist.load_set}.get(name)
         return loader(root) if loader else folder.load_set(root, check)
-    if name == "grocery" and split is None:
+    if name == "grocery" and part is None:
         return grocery.load_set(root)
     if name == "folder":
-        parts = {s: folder.load_set(root / s, check) for s in SPLITS}
+        parts = {s: folder.load_set(root / s, check) for s in PARTS}
     else:
         loaded = load_split(spec)
         parts = {"train": loaded.train, "test": loaded.test}
-    return parts[split] if split else concat_sets(parts["train"], parts["test"])
+    return parts[part] if part else concat_sets(parts["train"], parts["test"])
 
 
 def load_query_gallery(query_spec: str, gallery_spec: str) -> tuple[ImageSet, ImageSet]:

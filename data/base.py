@@ -11,6 +11,10 @@ from PIL import Image
 
 from .images import load_image
 
+#: the K of Recall@K, defined here once for the package: where neither the caller nor the data set names
+#: them (and Grocery's), the small benchmarks' (CUB, Cars, digits, Omniglot, folders, a gallery's own
+#: evaluation), SOP's, and In-Shop's (also any query set against a separate gallery)
+RECALL_K: tuple[int, ...] = (1, 2, 4, 8)
 RECALL_K_SMALL: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 RECALL_K_SOP: tuple[int, ...] = (1, 10, 100, 1000)
 RECALL_K_INSHOP: tuple[int, ...] = (1, 10, 20, 30, 40, 50)

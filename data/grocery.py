@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import DataSplit, ImageSet, image_set, make_split
+from .base import RECALL_K, DataSplit, ImageSet, image_set, make_split
 from .scan import find_root, image_path, keep_readable
 
 LISTS = ("train", "val", "test")
 CATALOGUE = "catalogue"
 HALVES = ("half1", "half2")
-RECALL_K_GROCERY: tuple[int, ...] = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ def load(path: Path) -> DataSplit:
                      groups=list(query.groups) + list(gallery.groups))
     n_query = len(query)
     return make_split(
-        f"grocery:{path}", _set(root, LISTS, classes, trained), test, RECALL_K_GROCERY,
+        f"grocery:{path}", _set(root, LISTS, classes, trained), test, RECALL_K,
         query=test.subset(np.arange(n_query)), gallery=test.subset(np.arange(n_query, len(test))),
         notes=[f"{trained} classes train, {held_out} classes test: their test-list photos query their "
                "train+val photos"],

@@ -6,8 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-#: the K of Recall@K where neither the caller nor the data set names them
-RECALL_K: tuple[int, ...] = (1, 2, 4, 8)
+from metricsearch.data.base import RECALL_K
 
 
 def sq_distances(q: np.ndarray, g: np.ndarray) -> np.ndarray:

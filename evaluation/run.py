@@ -12,10 +12,6 @@ from metricsearch.data import DataSplit, ImageSet, load_query_gallery, load_spli
 from metricsearch.data.base import RECALL_K_INSHOP
 from metricsearch.evaluation.metrics import evaluate
 
-#: Recall@K list for query/gallery evaluation (In-Shop style)
-#: Recall@K of queries against a separate gallery, as In-Shop's protocol reports it
-RECALL_K_QUERY_GALLERY = RECALL_K_INSHOP
-
 
 class SetEmbedder(Protocol):
     """Anything that embeds a whole ImageSet (OnnxEmbedder, PixelEmbedder, the trainer's model)."""
@@ -88,7 +84,7 @@ def evaluate_model(
     if query is not None:
         qs, gs = load_query_gallery(query, gallery)
         q, g = embed(qs), embed(gs)
-        return _reported(evaluate(q, qs.labels, g, gs.labels, recall_k or RECALL_K_QUERY_GALLERY, with_nmi), report,
+        return _reported(evaluate(q, qs.labels, g, gs.labels, recall_k or RECALL_K_INSHOP, with_nmi), report,
                          qs, q, gs, g)
     split = load_split(dataset, split_classes=split_classes)
     for note in split.notes:

@@ -11,12 +11,12 @@ import faiss
 import numpy as np
 from PIL import Image
 
+from metricsearch.data.base import RECALL_K_SMALL
 from metricsearch.evaluation import nmi, ranked_metrics
 
 from .faiss_index import recall_without_self
 from .gallery import Gallery
 
-RECALL_K = (1, 2, 4, 8, 16, 32)
 EXACT_SAMPLE = 10_000  # queries checked against exact search for an approximate index
 
 
@@ -34,9 +34,9 @@ def evaluate_gallery(db: str | Path, recall_k: Sequence[int] | None = None, with
         if len(np.unique(codes[labelled])) < 2:
             raise ValueError(f"{db}: evaluating needs items of at least 2 labels (the gallery has "
                              f"{len(np.unique(codes[labelled]))}); index a labelled spec such as folder:PATH")
-        ks = sorted({int(k) for k in (recall_k or RECALL_K) if int(k) <= len(ids) - 1})
+        ks = sorted({int(k) for k in (recall_k or RECALL_K_SMALL) if int(k) <= len(ids) - 1})
         if not ks:
-            raise ValueError(f"a gallery of {len(ids)} items is too small for Recall@K with K in {list(recall_k or RECALL_K)}")
+            raise ValueError(f"a gallery of {len(ids)} items is too small for Recall@K with K in {list(recall_k or RECALL_K_SMALL)}")
         label_counts = np.bincount(codes[labelled])
         r = label_counts[codes[labelled]] - 1
         n_top = min(len(ids) - 1, max(max(ks), int(r.max())))

@@ -23,7 +23,6 @@ from metricsearch.models.device import check_device
 log = logging.getLogger("metricsearch.index")
 
 INDEX_DIR = "index"
-NAMED = ("auto", "flat", "ivf", "ivfpq", "hnsw")
 FLAT_MAX = 50_000  # auto: exact search up to this many items
 MEMORY_FRACTION = 0.5  # auto: the index may take this share of the available memory
 TRAIN_PER_LIST = 40  # IVF training points per list (faiss asks for at least 39)

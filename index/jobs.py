@@ -162,7 +162,7 @@ def _existing(db: Path) -> bool:
 
 
 def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, settings: ReadSettings, request: str,
-            images: str, split: str | None) -> None:
+            images: str, part: str | None) -> None:
     """Copy the model into the gallery and write the metadata of a new gallery with its build job, in one commit."""
     make_index(choose_index(PQ_MIN, embedder.dim, request).factory, embedder.dim)  # a bad --index fails now
     tmp = db / (MODEL_FILE + ".tmp")
@@ -177,7 +177,7 @@ def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, setting
                            ("state", "building"), ("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
                            ("generation", 0), ("next_id", 0), ("format", FORMAT_VERSION)):
             store.put_meta(txn, key, value)
-        record_job(store, txn, "build", images, split, resume=False)
+        record_job(store, txn, "build", images, part, resume=False)
 
     store.write(fn)
     reached("created")
@@ -186,16 +186,16 @@ def _create(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, setting
 def build_gallery(model: str | Path, images: str, db: str | Path, options: BuildOptions | None = None,
                   **overrides: Any) -> JobSummary:
     """Index every image of a data set spec into a new gallery folder `db` with the exported ONNX
-    `model`, as `options` (a BuildOptions; keyword arguments override its fields, e.g. `split="test"`)
+    `model`, as `options` (a BuildOptions; keyword arguments override its fields, e.g. `part="test"`)
     say. `resume` continues an interrupted build. Unreadable images are skipped and listed in
     DIR/report.json; exact duplicates are stored once."""
     start, db, model = time.perf_counter(), Path(db), Path(model)
     options = replace(options or BuildOptions(), **overrides)
     faiss_device = select_device(options.device)
     settings = options.read_settings()
-    split = options.split
+    part = options.part
     # the images, the model and the index request are checked before anything is made on disk
-    image_set = load_image_set(images, split, check=False)
+    image_set = load_image_set(images, part, check=False)
     embedder = OnnxEmbedder(model, options.device)
     if options.index is not None:
         check_trainable(choose_index(len(image_set), embedder.dim, options.index).factory, embedder.dim, len(image_set))
@@ -210,13 +210,13 @@ def build_gallery(model: str | Path, images: str, db: str | Path, options: Build
                 shutil.rmtree(db / name) if (db / name).is_dir() else (db / name).unlink(missing_ok=True)
         resume = options.resume and existing
         with Store.opened(db, writable=True) as store:
-            notes = _prepare(store, db, model, embedder, images, split, options.index, resume, settings)
+            notes = _prepare(store, db, model, embedder, images, part, options.index, resume, settings)
             with store.read() as txn:
                 settings = ReadSettings(**store.meta(txn, "settings"))
             device_info = {"onnxruntime": embedder.providers[0], "faiss": faiss_device}
             log.info("index build: embedding with %s, faiss on %s", *device_info.values())
             engine = options.make_engine(embedder, db / MODEL_FILE)
-            times = _index_images(store, image_set, source_names(image_set, images, split), engine, embedder,
+            times = _index_images(store, image_set, source_names(image_set, images, part), engine, embedder,
                                   settings, options, resume=resume, desc=f"indexing {images}")
             reached("embedded")
             pipeline_s, t = times.total, time.perf_counter()
@@ -235,26 +235,27 @@ def build_gallery(model: str | Path, images: str, db: str | Path, options: Build
             return summary
 
 
-def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images: str, split: str | None,
+def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images: str, part: str | None,
              index: str | None, resume: bool, settings: ReadSettings) -> list[str]:
     """Create the gallery, or check that a resumed one is the same model, images and index request."""
     with store.read() as txn:
         meta_model, job, request = store.meta(txn, "model"), store.meta(txn, "job"), store.meta(txn, "index_request")
         state = store.meta(txn, "state")
     if meta_model is None:
-        _create(store, db, model, embedder, settings, index or "auto", images, split)
+        _create(store, db, model, embedder, settings, index or "auto", images, part)
         return []
     check_model(meta_model, model, embedder.dim)
-    if job is None or job["command"] != "build" or (job["images"], job["split"]) != (images, split):
+    part_done = job and job.get("part", job.get("split"))  # jobs recorded before the rename say "split"
+    if job is None or job["command"] != "build" or (job["images"], part_done) != (images, part):
         what = "nothing" if job is None else job["command"] + (f" of {job['images']}" if job.get("images") else "")
         raise ValueError(f"--resume continues an interrupted build, and the last job here was {what}: pass the same "
-                         "--images and --split, or use `metricsearch index add` for other images")
+                         "--images and --part, or use `metricsearch index add` for other images")
     if index is not None and index != request:
         if state == "ready":
             raise ValueError(f"this gallery was built with --index {request}; change its index with "
                              f"`metricsearch index rebuild --db {db} --index {index}`")
         store.write(lambda txn: store.put_meta(txn, "index_request", index))  # the index is not built yet
-    start_job(store, "build", images, split, resume=True)
+    start_job(store, "build", images, part, resume=True)
     return [f"resumed: {job['indexed']} images were indexed before, {job['duplicates']} duplicates, "
             f"{job['failed']} failed"]
 
@@ -270,11 +271,11 @@ class Editor:
         """Index the images of a spec into the gallery (see `add_images`); searches see each batch as it commits."""
         start, store, gallery = time.perf_counter(), self.store, self.gallery
         options = replace(options or IndexOptions(), **overrides)
-        image_set = load_image_set(images, options.split, check=False)
-        start_job(store, "add", images, options.split, resume=False)
+        image_set = load_image_set(images, options.part, check=False)
+        start_job(store, "add", images, options.part, resume=False)
         embedder = gallery.embedder
         engine = options.make_engine(embedder, embedder.path)
-        times = _index_images(store, image_set, source_names(image_set, images, options.split), engine, embedder,
+        times = _index_images(store, image_set, source_names(image_set, images, options.part), engine, embedder,
                               ReadSettings(**gallery.settings), options, after_batch=gallery.refresh,
                               desc=f"indexing {images}")
         pipeline_s, t = times.total, time.perf_counter()

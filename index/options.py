@@ -18,7 +18,7 @@ from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, Engine, ReadSettings
 class IndexOptions:
     """How images are read and embedded into a gallery (`add_images`, and `build_gallery`).
 
-    split: only the `train` or `test` part of a split spec (--split); None: every image.
+    part: only the `train` or `test` part of a split spec (--part); None: every image.
     batch_size: images per inference batch and per LMDB transaction (--batch); at least 1.
     workers: decoding threads of the local engine (--workers); None: one per core, at most 8.
     device: `auto` (CUDA for onnxruntime and a GPU for faiss when there), `cpu` or `cuda` (--device).
@@ -32,7 +32,7 @@ class IndexOptions:
         else half its CPUs.
     """
 
-    split: str | None = None
+    part: str | None = None
     batch_size: int = 256
     workers: int | None = None
     device: str = "auto"

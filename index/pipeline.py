@@ -64,9 +64,9 @@ class ReadItem:
     seconds: float = 0.0
 
 
-def source_names(images: ImageSet, spec: str, split: str | None = None) -> list[str]:
-    """Each image's source: its absolute path, or `SPEC[split]#i` for an image held in memory."""
-    prefix = f"{spec}[{split}]" if split else spec
+def source_names(images: ImageSet, spec: str, part: str | None = None) -> list[str]:
+    """Each image's source: its absolute path, or `SPEC[part]#i` for an image held in memory."""
+    prefix = f"{spec}[{part}]" if part else spec
     return [os.path.abspath(item) if isinstance(item, (str, Path)) else f"{prefix}#{i}"
             for i, item in enumerate(images.items)]
 

@@ -19,7 +19,7 @@ def bump_version(store: Store, txn: lmdb.Transaction) -> int:
     return version
 
 
-def record_job(store: Store, txn: lmdb.Transaction, command: str, images: str | None, split: str | None,
+def record_job(store: Store, txn: lmdb.Transaction, command: str, images: str | None, part: str | None,
                resume: bool) -> dict:
     """In `txn`: record the job that starts (its failures list cleared), or keep the interrupted one on resume."""
     job = store.meta(txn, "job")
@@ -27,7 +27,7 @@ def record_job(store: Store, txn: lmdb.Transaction, command: str, images: str | 
         job["resumed"] = job.get("resumed", 0) + 1
     else:
         txn.drop(store.dbs["failures"], delete=False)
-        job = {"command": command, "images": images, "split": split, "indexed": 0, "duplicates": 0,
+        job = {"command": command, "images": images, "part": part, "indexed": 0, "duplicates": 0,
                "failed": 0, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumed": 0}
     store.put_meta(txn, "job", job)
     bump_version(store, txn)
@@ -39,9 +39,9 @@ def job_record(command: str, **details) -> dict:
     return {"command": command, **details, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def start_job(store: Store, command: str, images: str | None, split: str | None, resume: bool) -> dict:
+def start_job(store: Store, command: str, images: str | None, part: str | None, resume: bool) -> dict:
     """Record the job that starts (its failures list cleared), or keep the interrupted one on resume."""
-    return store.write(lambda txn: record_job(store, txn, command, images, split, resume))
+    return store.write(lambda txn: record_job(store, txn, command, images, part, resume))
 
 
 class GalleryWriter:

@@ -1,18 +1,19 @@
 """Embedding networks and the embedders used at run time, with the preprocessing they expect.
 
 Importing this package does not import torch: the serving side uses `OnnxEmbedder` and
-`PixelEmbedder` alone. The torch networks live in `metricsearch.models.embedder` and
+`PixelEmbedder` alone. The torch networks live in `metricsearch.models.torch_embedder` and
 `metricsearch.models.backbones` (the `train` extra).
 """
 
 from __future__ import annotations
 
-from metricsearch.models.embed import embed_image_set, ordered_batches, preprocessed_batches
+from metricsearch.models.batches import embed_image_set, ordered_batches, preprocessed_batches
+from metricsearch.models.base import ArrayEmbedder
 from metricsearch.models.onnx_embedder import OnnxEmbedder, select_providers
 from metricsearch.models.pixels import PixelEmbedder
 from metricsearch.models.preprocessing import Preprocessing
 
-__all__ = ["OnnxEmbedder", "PixelEmbedder", "Preprocessing", "embed_image_set", "open_embedder",
+__all__ = ["ArrayEmbedder", "OnnxEmbedder", "PixelEmbedder", "Preprocessing", "embed_image_set", "open_embedder",
            "ordered_batches", "preprocessed_batches", "select_providers"]
 
 

@@ -9,11 +9,9 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from PIL import Image
 
-from metricsearch.data import ImageSet
+from metricsearch.models.base import ArrayEmbedder
 from metricsearch.models.device import check_device
-from metricsearch.models.embed import embed_image_set
 from metricsearch.models.preprocessing import Preprocessing
 
 METADATA_PREFIX = "metricsearch."
@@ -59,7 +57,7 @@ def cuda_fallback_notice(device: str, problem: str | None) -> str:
     return f"onnxruntime's CUDA provider is installed but not usable, so the model runs on the CPU: {why}"
 
 
-class OnnxEmbedder:
+class OnnxEmbedder(ArrayEmbedder):
     """Embeds PIL images or preprocessed arrays with an exported metricsearch ONNX model."""
 
     def __init__(self, path: str | Path, device: str = "auto") -> None:
@@ -94,12 +92,3 @@ class OnnxEmbedder:
         """Embeddings (N x dim float32) of preprocessed images (N x C x H x W float32)."""
         batch = np.ascontiguousarray(batch, dtype=np.float32)
         return self.session.run(None, {self.input_name: batch})[0]
-
-    def embed_images(self, images: Sequence[Image.Image]) -> np.ndarray:
-        """Embeddings of PIL images, preprocessed as the model expects."""
-        return self.embed_arrays(self.preprocessing.batch(list(images)))
-
-    def embed_set(self, images: ImageSet, batch_size: int = 256, progress: bool = False,
-                  workers: int | None = None) -> np.ndarray:
-        """Embeddings of a whole ImageSet, decoded in parallel threads ahead of inference."""
-        return embed_image_set(self.embed_arrays, images, self.preprocessing, batch_size, workers, progress)

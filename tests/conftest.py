@@ -64,7 +64,7 @@ def digits_gallery(digits_onnx: Path, tmp_path_factory: pytest.TempPathFactory) 
     from metricsearch.index import build_gallery
 
     db = tmp_path_factory.mktemp("gallery") / "digits"
-    build_gallery(digits_onnx, "digits", db, split="test")
+    build_gallery(digits_onnx, "digits", db, part="test")
     return db
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from metricsearch.app.cli import main
-from metricsearch.models.embedder import build_embedder
+from metricsearch.models.torch_embedder import build_embedder
 from metricsearch.train import losses
 from metricsearch.train.config import DEFAULTS, load_config, validate_config
 from metricsearch.train.optim import build_optimizer, build_schedule

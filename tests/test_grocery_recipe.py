@@ -9,7 +9,7 @@ import numpy as np
 
 from metricsearch.app.demo import compare_with_off_the_shelf, format_photo_comparison, grocery_specs
 from metricsearch.data import load_query_gallery, load_split
-from metricsearch.train.config import load_config
+from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.trainer import build_components
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,13 +18,13 @@ RECIPE = REPO / "configs" / "grocery.yaml"
 
 def test_packaged_recipe_finds_the_shared_photos_from_the_repository_and_builds(grocery_dir, monkeypatch) -> None:
     monkeypatch.chdir(REPO)  # packaged configs name ../shared relative to the repository root
-    config = load_config(RECIPE)
-    split = load_split(config["dataset"], split=config["split"])
+    config = typed_config(load_config(RECIPE))
+    split = load_split(config.dataset, split=config.split)
     assert len(split.train.class_names) == 41 and len(split.test) == 0  # the final fit: every class trains
     loss, sampler, _, _ = build_components(config, split.train)
     batch = next(iter(sampler))
-    assert len(batch) == config["sampler"]["classes_per_batch"] * config["sampler"]["images_per_class"]
-    assert config["model"]["pretrained"] == "imagenet" and config["num_workers"] > 0  # decoding overlaps compute
+    assert len(batch) == config.sampler["classes_per_batch"] * config.sampler["images_per_class"]
+    assert config.model.pretrained == "imagenet" and config.num_workers > 0  # decoding overlaps compute
 
 
 def test_demo_specs_name_the_held_out_half_photos_and_catalogue(grocery_dir) -> None:

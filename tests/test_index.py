@@ -174,7 +174,7 @@ def test_flat_recall_from_evaluate_db_equals_brute_force(digits_onnx, tmp_path, 
 def test_a_mismatched_model_is_refused(built, digit_classes, tmp_path) -> None:
     import torch
 
-    from metricsearch.models.embedder import Embedder
+    from metricsearch.models.torch_embedder import Embedder
     from metricsearch.train import export_onnx
 
     torch.manual_seed(0)

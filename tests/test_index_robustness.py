@@ -165,7 +165,7 @@ def assert_whole_batches(seen: list[frozenset], batches: list[np.ndarray]) -> No
 @pytest.mark.parametrize("where", ["other process", "same process"])
 def test_eight_threads_search_while_images_are_added(where, digits_onnx, tmp_path) -> None:
     db = tmp_path / "g"
-    build_gallery(digits_onnx, "digits", db, split="test")
+    build_gallery(digits_onnx, "digits", db, part="test")
     with ExitStack() as stack:
         if where == "same process":  # the writer's own gallery searches while it adds
             editor = stack.enter_context(edit_gallery(db))
@@ -178,7 +178,7 @@ def test_eight_threads_search_while_images_are_added(where, digits_onnx, tmp_pat
             seen, errors = search_while(gallery, lambda: proc.poll() is None, base)
             assert proc.returncode == 0, proc.stderr.read()
         else:
-            adder = threading.Thread(target=editor.add, args=("digits",), kwargs={"split": "train", "batch_size": 16})
+            adder = threading.Thread(target=editor.add, args=("digits",), kwargs={"part": "train", "batch_size": 16})
             adder.start()
             seen, errors = search_while(gallery, adder.is_alive, base)
             adder.join()
@@ -195,7 +195,7 @@ def test_ivf_gallery_of_omniglot_drawings(digits_onnx, omniglot_dir, tmp_path, c
     from metricsearch.app.cli import main
 
     db = tmp_path / "omni"
-    summary = build_gallery(digits_onnx, f"omniglot:{omniglot_dir}", db, split="test", index="ivf")
+    summary = build_gallery(digits_onnx, f"omniglot:{omniglot_dir}", db, part="test", index="ivf")
     assert summary.indexed + summary.duplicates == 2240 and summary.failed == 0
     assert summary.index["kind"] == "ivf" and summary.index["tuning"]["recall_at_10"] >= 0.95
     with Gallery.open(db) as gallery:

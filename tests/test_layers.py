@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: modules that must never import torch or metricsearch.train (directly or through their imports)
 TORCH_FREE = ["metricsearch.data", "metricsearch.evaluation", "metricsearch.models",
-              "metricsearch.models.onnx_embedder", "metricsearch.models.embed", "metricsearch.index",
+              "metricsearch.models.onnx_embedder", "metricsearch.models.batches", "metricsearch.index",
               "metricsearch.app.cli", "metricsearch.app.web"]
 #: which layers each layer may import
 ALLOWED = {
@@ -74,7 +74,7 @@ from metricsearch.app.cli import main
 code = main(['evaluate', '--model', {str(digits_onnx)!r}, '--dataset', 'digits', '--json'])
 assert code == 0, code
 from metricsearch.index import Gallery
-code = main(['index', 'build', '--model', {str(digits_onnx)!r}, '--images', 'digits', '--split', 'test',
+code = main(['index', 'build', '--model', {str(digits_onnx)!r}, '--images', 'digits', '--part', 'test',
              '--db', 'gallery', '--json'])
 assert code == 0, code
 with Gallery.open('gallery') as gallery:

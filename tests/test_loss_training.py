@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from metricsearch.evaluation import evaluate_model
-from metricsearch.models.embedder import build_embedder
+from metricsearch.models.torch_embedder import build_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.losses import names
 from metricsearch.train.trainer import seed_everything, train

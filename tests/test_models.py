@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from metricsearch.models import Preprocessing
-from metricsearch.models.embedder import build_embedder, load_embedder
+from metricsearch.models.torch_embedder import build_embedder, load_embedder
 from metricsearch.models.backbones import BACKBONES
 
 

@@ -160,7 +160,7 @@ def test_final_fit_trains_on_every_class_and_keeps_the_last_epoch(tmp_path, caps
 
 
 def test_shifted_views_are_averaged_inside_the_exported_graph(tmp_path) -> None:
-    from metricsearch.models.embedder import build_embedder
+    from metricsearch.models.torch_embedder import build_embedder
     from metricsearch.models.onnx_embedder import OnnxEmbedder
     from metricsearch.train.export import export_onnx
 
@@ -191,7 +191,7 @@ def test_shifted_views_are_averaged_inside_the_exported_graph(tmp_path) -> None:
 
 
 def test_a_single_unshifted_view_is_the_plain_embedding() -> None:
-    from metricsearch.models.embedder import build_embedder
+    from metricsearch.models.torch_embedder import build_embedder
 
     torch.manual_seed(0)
     model = build_embedder({"dim": 8, "tta_shifts": [[0, 0]]}).eval()
@@ -219,7 +219,7 @@ def test_handwriting_augmentation_changes_stroke_width() -> None:
 
 
 def test_small_resnet_embeds_to_dim() -> None:
-    from metricsearch.models.embedder import build_embedder
+    from metricsearch.models.torch_embedder import build_embedder
 
     model = build_embedder({"backbone": "small_resnet", "dim": 24, "backbone_params": {"width": 16}}).eval()
     with torch.no_grad():

@@ -16,7 +16,7 @@ import torch
 from metricsearch.data import load_image_set
 from metricsearch.models import OnnxEmbedder, Preprocessing
 from metricsearch.models.backbones import backbone_preprocessing
-from metricsearch.models.embedder import build_embedder
+from metricsearch.models.torch_embedder import build_embedder
 from metricsearch.train import export_pretrained
 from metricsearch.train.config import load_config
 

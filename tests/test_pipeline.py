@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from metricsearch.app.cli import main
-from metricsearch.models.embedder import load_embedder
+from metricsearch.models.torch_embedder import load_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.export import ExportError, check_parity, export_onnx
 from metricsearch.train.trainer import TrainingError, train

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from metricsearch.evaluation import evaluate_model
-from metricsearch.models.embedder import build_embedder
+from metricsearch.models.torch_embedder import build_embedder
 from metricsearch.train import sampling
 from metricsearch.train.config import load_config
 from metricsearch.train.trainer import seed_everything, train

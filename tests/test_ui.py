@@ -287,9 +287,25 @@ def test_a_taken_port_is_a_one_line_error(digits_gallery: Path, free_port: int, 
 
 
 SIDE_EFFECTS = """
-import json, os, signal, socket, sys
+import ctypes, ctypes.util, json, os, signal, socket, sys
 import faiss
 import gradio  # its own import sets HF_HUB_DISABLE_TELEMETRY: not ours to undo
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.mallinfo2.restype, libc.malloc.restype = MallInfo2, ctypes.c_void_p
+libc.malloc.argtypes, libc.free.argtypes = [ctypes.c_size_t], [ctypes.c_void_p]
+
+def mapped(size=512 * 1024, count=128):  # whether glibc maps such buffers on their own (over its mmap threshold)
+    before = libc.mallinfo2().hblkhd  # once the heap's free chunks are used up: glibc takes them first
+    buffers = [libc.malloc(size) for _ in range(count)]
+    own = libc.mallinfo2().hblkhd > before
+    for buffer in buffers:
+        libc.free(buffer)
+    return own
 
 def free_port():
     with socket.socket() as s:
@@ -301,11 +317,12 @@ def mine(signum, frame):
 
 faiss.omp_set_num_threads(3)
 signal.signal(signal.SIGTERM, mine)
-state = lambda: (dict(os.environ), faiss.omp_get_max_threads(), signal.getsignal(signal.SIGTERM))
+libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD at glibc's default value (glibc cannot tell the one in force)
+state = lambda: (dict(os.environ), faiss.omp_get_max_threads(), signal.getsignal(signal.SIGTERM), mapped())
 before = state()
 from metricsearch.app.web import serve
 server = serve(sys.argv[1], port=free_port(), block=False, log=lambda _: None)
-during = faiss.omp_get_max_threads()
+during = faiss.omp_get_max_threads(), mapped()
 server.close()
 after_close = state()
 
@@ -319,7 +336,7 @@ except KeyboardInterrupt:
     stopped = True
 after_block = state()
 changed = lambda after: [k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k)]
-print(json.dumps({"during": during, "stopped": stopped,
+print(json.dumps({"during": during, "stopped": stopped, "mapped": [before[3], after_close[3], after_block[3]],
                   "env": [changed(after_close), changed(after_block)],
                   "threads": [after_close[1], after_block[1]],
                   "handler_kept": [after_close[2] is mine, after_block[2] is mine]}))
@@ -335,7 +352,8 @@ def test_serve_leaves_the_process_as_it_found_it(digits_gallery: Path) -> None:
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["during"] == 1  # one OpenMP thread per search while serving
+    assert result["during"] == [1, False]  # one OpenMP thread per search; 512 KiB buffers on the heap
+    assert result["mapped"] == [True, True, True]  # glibc's mmap threshold as found, after either way of serving
     assert result["stopped"]
     assert result["env"] == [[], []]  # no environment variable set, at import or while serving
     assert result["threads"] == [3, 3] and result["handler_kept"] == [True, True]

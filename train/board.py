@@ -18,7 +18,7 @@ from PIL import Image
 
 from metricsearch.data import ImageSet
 from metricsearch.errors import MetricsearchError
-from metricsearch.models.embedder import Embedder
+from metricsearch.models.torch_embedder import Embedder
 from metricsearch.train.losses.base import MetricLoss, label_masks
 from metricsearch.train.losses.pair_weight_plots import plot_pair_weights
 from metricsearch.train.sampling import build_sampler

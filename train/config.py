@@ -117,6 +117,10 @@ class TrainConfig(Section):
     log_every: Count = 50
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    def component(self, section: str) -> tuple[str | None, dict[str, Any]]:
+        """(name, parameters) of a `{name: ..., **params}` section such as loss, sampler or miner."""
+        return component({section: getattr(self, section)}, section)
+
 
 #: model keys that belong to its backbone: a new `model.backbone` drops the ones the base recipe set
 BACKBONE_KEYS = ("preprocessing", "backbone_params")

@@ -26,9 +26,11 @@ class TrainContext:
         return cls(np.asarray(images.labels), images.class_counts(), len(images.class_names), len(images), sampler)
 
     def as_dict(self) -> dict[str, Any]:
-        """Its fields by name, as a registry passes them to the factories that take them."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """Its fields by name, and itself as `context`, as a registry passes them to the factories that take them."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return {"context": self, **own}
 
 
-#: the parameter names a component receives from the TrainContext rather than from its config section
-CONTEXT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TrainContext))
+#: the parameter names a component receives from the TrainContext rather than from its config section: a field,
+#: or `context`, the whole TrainContext (for a loss that builds another one, as the dro_* losses build their base)
+CONTEXT_KEYS: tuple[str, ...] = ("context", *(f.name for f in fields(TrainContext)))

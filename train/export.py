@@ -15,7 +15,7 @@ from PIL import Image
 import metricsearch
 from metricsearch.errors import MetricsearchError
 from metricsearch.data import load_image_set
-from metricsearch.models.embedder import Embedder, load_checkpoint, resolve_checkpoint
+from metricsearch.models.torch_embedder import Embedder, load_checkpoint, resolve_checkpoint
 from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
 from metricsearch.train.runs import run_split, sample_batch
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from metricsearch.models.embedder import Embedder
+from metricsearch.models.torch_embedder import Embedder
 from metricsearch.registry import Registry
 
 #: a learning-rate schedule: optimizer step -> factor of the base learning rates

@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader
 from metricsearch.data import DataSplit, ImageSet, load_split, with_transformed_classes
 from metricsearch.errors import MetricsearchError
 from metricsearch.evaluation import evaluate_split
-from metricsearch.models.embedder import Embedder, build_embedder
+from metricsearch.models.torch_embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.board import Board
-from metricsearch.train.config import component, validate_config
+from metricsearch.train.config import TrainConfig, typed_config
 from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
@@ -73,7 +73,7 @@ class RunResult:
 class Setup:
     """What a run trains with, built from its config before its run directory is made."""
 
-    config: dict[str, Any]
+    config: TrainConfig
     device: torch.device
     autocast: torch.dtype | None
     split: DataSplit
@@ -115,26 +115,26 @@ def train(
     Under `torchrun --nproc_per_node=N` the N processes train one model on the global batch;
     only rank 0 evaluates and writes the run directory.
     """
-    validate_config(config)
-    setup = build_setup(config, progress)
+    settings = typed_config(config)
+    setup = build_setup(settings, progress)
     main, board = setup.dist.is_main, None
     try:
-        run_dir = _prepare_run_dir(config, resume, overwrite, write=main)
+        run_dir = _prepare_run_dir(settings, resume, overwrite, write=main)
         state = restore(setup, run_dir) if resume else RunState()
         if main:
             _write_metrics(run_dir, state.history)
-        board = Board(run_dir) if main and config["logging"]["tensorboard"] else None
-        epochs = int(config["epochs"])
+        board = Board(run_dir) if main and settings.logging.tensorboard else None
+        epochs = settings.epochs
         for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
             row = train_epoch(setup, epoch, run_dir, progress and main)
             if not main:
                 state.history.append(row)
                 continue
             held_out = len(setup.split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
-            if held_out and ((epoch + 1) % int(config["eval"]["every"]) == 0 or epoch + 1 == epochs):
-                row.update(_evaluate(setup.model, setup.split, config))
+            if held_out and ((epoch + 1) % settings.eval.every == 0 or epoch + 1 == epochs):
+                row.update(_evaluate(setup.model, setup.split, settings))
                 if board is not None:
-                    board.evaluation(epoch + 1, setup.model, setup.split.test, setup.loss, int(config["seed"]))
+                    board.evaluation(epoch + 1, setup.model, setup.split.test, setup.loss, settings.seed)
             save_epoch(setup, state, row, run_dir)
             if board is not None:
                 board.row(row)
@@ -149,46 +149,46 @@ def train(
     return RunResult(run_dir, len(state.history), best, state.history[-1] if state.history else {}, main)
 
 
-def build_setup(config: dict[str, Any], progress: bool = False) -> Setup:
+def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     """Everything a config trains with, on its device (this rank's under torchrun), the model seeded by `seed`."""
-    dist, device = init_distributed(resolve_device(config["device"]))
-    autocast = amp_dtype(device, config["amp"])
-    split = load_split(config["dataset"], download=bool(config["download"]), split_classes=config["split_classes"],
-                       split=config["split"])
-    split = replace(split, train=with_transformed_classes(split.train, config["augment_classes"]))
+    dist, device = init_distributed(resolve_device(config.device))
+    autocast = amp_dtype(device, config.amp)
+    split = load_split(config.dataset, download=config.download, split_classes=config.split_classes,
+                       split=config.split)
+    split = replace(split, train=with_transformed_classes(split.train, config.augment_classes))
     if progress and dist.is_main:
         for note in split.notes:
             print(f"data: {note}", flush=True)
-    seed_everything(int(config["seed"]))
-    model = build_embedder(config["model"], pretrained=config["model"].get("pretrained"))
+    seed_everything(config.seed)
+    model = build_embedder(config.model.model_dump(mode="json"), pretrained=config.model.pretrained)
     loss, sampler, miner, weighting = build_components(config, split.train, dist)
     model.to(device)
     loss.to(device)
     if device.type == "cuda":
         model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(config["optimizer"], model, loss)
-    scheduler = build_schedule(config["schedule"], optimizer, len(sampler), int(config["epochs"]))
+    optimizer = build_optimizer(config.optimizer, model, loss)
+    scheduler = build_schedule(config.schedule, optimizer, len(sampler), config.epochs)
     scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
-    augment = build_augment(config["augment"], model.preprocessing.size)
-    dataset = ImageDataset(split.train, model.preprocessing, augment, cache=bool(config["cache_images"]))
+    augment = build_augment(config.augment, model.preprocessing.size)
+    dataset = ImageDataset(split.train, model.preprocessing, augment, cache=config.cache_images)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
                  weighting, optimizer, scheduler, scaler, dataset)
 
 
 def build_components(
-    config: dict[str, Any], images: ImageSet, dist: DistContext = DistContext(),
+    config: TrainConfig, images: ImageSet, dist: DistContext = DistContext(),
 ) -> tuple[MetricLoss, LabelBatchSampler, Callable[..., Mined] | None, Weighting | None]:
     """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit."""
     context = TrainContext.of(images)
-    loss_name, loss_params = component(config, "loss")
+    loss_name, loss_params = config.component("loss")
     loss = losses.build(loss_name, context, **loss_params)
-    sampler_name, sampler_params = component(config, "sampler")
-    sampler = sampling.build_sampler(sampler_name, context.labels, seed=int(config["seed"]),
-                                     batches_per_epoch=config["batches_per_epoch"], rank=dist.rank,
+    sampler_name, sampler_params = config.component("sampler")
+    sampler = sampling.build_sampler(sampler_name, context.labels, seed=config.seed,
+                                     batches_per_epoch=config.batches_per_epoch, rank=dist.rank,
                                      world_size=dist.world_size, **sampler_params)
-    miner_name, miner_params = component(config, "miner")
+    miner_name, miner_params = config.component("miner")
     miner = sampling.build_miner(miner_name, **miner_params) if miner_name else None
-    weighting_name, weighting_params = component(config, "weighting")
+    weighting_name, weighting_params = config.component("weighting")
     weighting = (sampling.build_weighting(weighting_name, replace(context, sampler=sampler), **weighting_params)
                  if weighting_name else None)
     check_compatible(loss, miner, weighting, sampler)
@@ -204,12 +204,12 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     from tqdm.auto import tqdm
 
     config = setup.config
-    seed_everything(int(config["seed"]) * 100_003 + epoch)  # per-epoch seeding makes --resume exact
+    seed_everything(config.seed * 100_003 + epoch)  # per-epoch seeding makes --resume exact
     setup.sampler.set_epoch(epoch)
-    loader = DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=config["num_workers"],
+    loader = DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=config.num_workers,
                         pin_memory=setup.device.type == "cuda")
     setup.model.train()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config['epochs']}", disable=None if progress else True,
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=None if progress else True,
                unit="batch", leave=False)
     total = torch.zeros((), dtype=torch.float64, device=setup.device)
     t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
@@ -219,7 +219,7 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
             _pause(pause_at)
         total += train_step(setup, images, labels, indices)
         seen, steps = seen + len(images) * setup.dist.world_size, steps + 1
-        if steps % int(config["log_every"]) == 0:
+        if steps % config.log_every == 0:
             mean, checked = finite_mean(total, steps, checked, epoch, run_dir), steps
             bar.set_postfix(loss=f"{mean:.4f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}")
     bar.close()
@@ -271,7 +271,7 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
     _write_metrics(run_dir, state.history)  # rewritten from the checkpoint's history on --resume
     config = setup.config
     plot_training(state.history, run_dir / "training.png",
-                  title=f"{config['name']}: {config['loss']['name']} on {config['dataset']}")
+                  title=f"{config.name}: {config.component('loss')[0]} on {config.dataset}")
     r1 = row.get("recall_at_k", {}).get(1)
     final_fit = len(setup.split.test) == 0  # nothing held out: the last epoch is the best
     improved = final_fit or r1 is not None and r1 > state.best_recall_at_1
@@ -281,7 +281,7 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
         **setup.model.checkpoint(), "loss": setup.loss.state_dict(), "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
         "epoch": len(state.history), "history": state.history, "best_recall_at_1": state.best_recall_at_1,
-        "config": config, "class_names": setup.split.test.class_names, "data_notes": setup.split.notes,
+        "config": config.model_dump(mode="json"), "class_names": setup.split.test.class_names, "data_notes": setup.split.notes,
     }
     if improved:
         _save(checkpoint, run_dir / "best.pt")
@@ -299,14 +299,14 @@ def restore(setup: Setup, run_dir: Path) -> RunState:
     return RunState(state["history"], state["best_recall_at_1"])
 
 
-def _evaluate(model: Embedder, split: DataSplit, config: dict[str, Any]) -> dict[str, Any]:
+def _evaluate(model: Embedder, split: DataSplit, config: TrainConfig) -> dict[str, Any]:
     """Recall@K, NMI and MAP@R of `model` on the split's test classes (query vs gallery where given)."""
-    ev = config["eval"]
+    ev = config.eval
 
     def embed(images: ImageSet) -> np.ndarray:
-        return model.embed_set(images, batch_size=ev["batch_size"])
+        return model.embed_set(images, batch_size=ev.batch_size)
 
-    return evaluate_split(embed, split, ev.get("recall_k"), ev["nmi"], ev.get("one_shot_ways"))
+    return evaluate_split(embed, split, ev.recall_k, ev.nmi, ev.one_shot_ways)
 
 
 def _save(obj: dict[str, Any], path: Path) -> None:
@@ -315,8 +315,9 @@ def _save(obj: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _prepare_run_dir(config: dict[str, Any], resume: bool, overwrite: bool, write: bool = True) -> Path:
-    run_dir = Path(config["output_dir"]) / str(config["name"])
+def _prepare_run_dir(settings: TrainConfig, resume: bool, overwrite: bool, write: bool = True) -> Path:
+    config = settings.model_dump(mode="json")  # as config.yaml and the checkpoints keep it
+    run_dir = Path(settings.output_dir) / settings.name
     last = run_dir / "last.pt"
     if resume:
         if not last.is_file():

@@ -30,7 +30,7 @@ from metricsearch.app.web.batching import Coalescer
 from metricsearch.app.web.uploads import uploaded_file
 from metricsearch.data import UnreadableImageError, load_image
 from metricsearch.evaluation.report import class_table, rank, worst_queries
-from metricsearch.index import labelled_items
+from metricsearch.index import Gallery, labelled_items
 
 #: the largest query accepted, in pixels (a 25-megapixel photo; larger uploads are refused)
 DEFAULT_QUERY_MAX_PIXELS = 25_000_000
@@ -83,10 +83,10 @@ def _file_of(value: Any) -> tuple[str | None, str]:
 class SearchHandlers:
     """The page's handlers over an open gallery (`search`, `thumbnail`, `info`, `labels`)."""
 
-    def __init__(self, gallery: Any, *, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS, max_k: int = 50,
+    def __init__(self, gallery: Gallery, *, max_pixels: int = DEFAULT_QUERY_MAX_PIXELS, max_k: int = 50,
                  max_batch: int = 32, uploads: str | Path | None = None) -> None:
         self.gallery = gallery
-        settings = getattr(gallery, "settings", {})
+        settings = gallery.settings
         #: queries over the gallery's own pixel limit, or with a side under its minimum, are refused here
         self.max_pixels = min(max_pixels, settings.get("max_pixels") or max_pixels)
         self.min_side = int(settings.get("min_side") or 1)

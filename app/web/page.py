@@ -7,6 +7,7 @@ import ctypes.util
 import errno
 import ipaddress
 import math
+import os
 import signal
 import socket
 import threading
@@ -120,7 +121,7 @@ class Server:
 
     def close(self) -> None:
         """Stop the server, delete its thumbnail files and its upload folder, and give the process back
-        its faiss thread count (the gallery stays open)."""
+        its faiss thread count and glibc's default mmap threshold (the gallery stays open)."""
         self.page.close()
         self.handlers.close()
         close_upload_folder()
@@ -173,15 +174,16 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     _check_address(host, port)
     from metricsearch.index import Gallery, search_threads
 
-    threads = ExitStack()  # one OpenMP thread per search while serving: requests run side by side
-    threads.enter_context(search_threads(1))
-    _return_large_buffers_to_the_system()
+    process = ExitStack()  # the process-wide settings of serving, each restored when the server closes
+    process.enter_context(search_threads(1))  # one OpenMP thread per search: requests run side by side
+    process.enter_context(_large_buffers_returned_to_the_system())
+    process.enter_context(_environment_kept("HF_HUB_DISABLE_TELEMETRY"))  # gr.Blocks sets it (analytics off)
     gallery = Gallery.open(db)
     try:
         gallery.embedder  # noqa: B018 -- the model loads now, or the command stops now
     except BaseException:
         gallery.close()
-        threads.close()
+        process.close()
         raise
     uploads, handlers = open_upload_folder(), None
     try:
@@ -200,11 +202,11 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
             handlers.close()
         gallery.close()
         close_upload_folder()
-        threads.close()
+        process.close()
         if isinstance(exc, OSError) and "Cannot find empty port" in str(exc):
             raise OSError(f"port {port} on {host} is taken (another server?): pass another --port") from None
         raise
-    server = Server(url, page, handlers, threads)
+    server = Server(url, page, handlers, process)
     count = len(handlers.gallery)
     serving = f"serving {count} image{'' if count == 1 else 's'} from {db} on {url} (Ctrl-C stops)"
     if not block:
@@ -219,15 +221,40 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     return server
 
 
-def _return_large_buffers_to_the_system(threshold: int = 1 << 20) -> None:
-    """Make glibc map every buffer over `threshold` bytes on its own, so that a large query's pixels go
-    back to the system when freed (by default glibc raises that threshold as it goes and keeps such
-    buffers in per-thread arenas: the server kept the peak of its largest queries for good)."""
+#: glibc's mallopt option M_MMAP_THRESHOLD, and its default value
+M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD = -3, 128 * 1024
+
+
+@contextmanager
+def _large_buffers_returned_to_the_system(threshold: int = 1 << 20) -> Iterator[None]:
+    """For the block, glibc maps every buffer over `threshold` bytes on its own, so that a large query's pixels
+    go back to the system when freed (by default glibc raises that threshold as it goes and keeps such
+    buffers in per-thread arenas: the server kept the peak of its largest queries for good). After, glibc's
+    default threshold is set again: glibc cannot say the value in force before, nor resume adjusting it."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD; also stops glibc from adjusting it
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc: its own allocator's policy stands
-        pass
+        yield
+        return
+    mallopt(M_MMAP_THRESHOLD, threshold)
+    try:
+        yield
+    finally:
+        mallopt(M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD)
+
+
+@contextmanager
+def _environment_kept(*names: str) -> Iterator[None]:
+    """For the block, these environment variables may change; after, each has its value from before (or none)."""
+    before = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager

@@ -8,14 +8,14 @@ and the K/2 largest negative ones; the paper's p is in {0, 1}, so a sum) and KL
 
 from __future__ import annotations
 
-import inspect
 from numbers import Integral
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from metricsearch.train.context import TrainContext
 from metricsearch.train.losses.registry import LOSSES, register
 from metricsearch.train.losses.base import PairLoss, Weighting, check_positive, masked_logsumexp
 
@@ -61,7 +61,7 @@ class TopKPNWeighting:
 
 
 class KLWeighting:
-    """DRO-KL: `gamma * log mean exp(l / gamma)` over the pairs (-> mean as gamma grows, max as it shrinks)."""
+    """The DRO-KL loss: a base pair loss, weighted by KLWeighting (`gamma * log mean exp(l / gamma)` of its pairs)."""
 
     def __init__(self, gamma: float = 0.1) -> None:
         check_positive(gamma=gamma)
@@ -95,13 +95,9 @@ class SimilarityMarginLoss(PairLoss):
         return F.relu(self.margin + y * (self.lam - sim))
 
 
-def build_base(
-    base: str | None,
-    base_params: dict[str, Any] | None,
-    class_counts: dict[int, int] | None,
-    num_classes: int | None,
-) -> PairLoss:
-    """The base pair loss of a DRO loss: the paper's margin loss (None) or a registered pair loss."""
+def build_base(base: str | None, base_params: dict[str, Any] | None, context: TrainContext | None) -> PairLoss:
+    """The base pair loss of a DRO loss: the paper's margin loss (None) or a registered pair loss, given the
+    training context as any loss is."""
     params = dict(base_params or {})
     if base is None:
         return SimilarityMarginLoss(**params)
@@ -109,9 +105,7 @@ def build_base(
         raise ValueError(
             f"base must name a registered pair loss, got {base!r}; known: {LOSSES.names()}"
         )
-    context = {"class_counts": class_counts, "num_classes": num_classes}
-    context = {k: v for k, v in context.items() if v is not None}
-    loss = LOSSES.build(base, context, **params)
+    loss = LOSSES.build(base, context.as_dict() if context is not None else None, **params)
     if not isinstance(loss, PairLoss):
         raise ValueError(f"base must be a pair loss, {base!r} is not")
     return loss
@@ -125,12 +119,11 @@ class DROLoss(PairLoss):
         weighting: Weighting,
         base: str | None = None,
         base_params: dict[str, Any] | None = None,
-        class_counts: dict[int, int] | None = None,
-        num_classes: int | None = None,
+        context: TrainContext | None = None,
     ) -> None:
         super().__init__()
         self.weighting = weighting
-        self.base = build_base(base, base_params, class_counts, num_classes)
+        self.base = build_base(base, base_params, context)
         self.normalize = self.base.normalize
 
     def pair_losses(
@@ -145,24 +138,32 @@ class DROLoss(PairLoss):
         return self.weighting(losses, pos, neg, labels)
 
 
-#: the DRO weightings by name; each is also a loss, `dro_*`, over a base pair loss
+@register("dro_topk")
+class DROTopKLoss(DROLoss):
+    """The DRO-TopK loss: a base pair loss, weighted by TopKWeighting (the mean of its K largest pair losses)."""
+
+    def __init__(self, k: int = 100, base: str | None = None, base_params: dict[str, Any] | None = None,
+                 context: TrainContext | None = None) -> None:
+        super().__init__(TopKWeighting(k), base, base_params, context)
+
+
+@register("dro_topk_pn")
+class DROTopKPNLoss(DROLoss):
+    """The DRO-TopK-PN loss: a base pair loss, weighted by TopKPNWeighting (its K/2 largest positive and negative)."""
+
+    def __init__(self, k: int = 100, base: str | None = None, base_params: dict[str, Any] | None = None,
+                 context: TrainContext | None = None) -> None:
+        super().__init__(TopKPNWeighting(k), base, base_params, context)
+
+
+@register("dro_kl")
+class DROKLLoss(DROLoss):
+    """The DRO-KL loss: a base pair loss, weighted by KLWeighting (`gamma * log mean exp(l / gamma)` of its pairs)."""
+
+    def __init__(self, gamma: float = 0.1, base: str | None = None, base_params: dict[str, Any] | None = None,
+                 context: TrainContext | None = None) -> None:
+        super().__init__(KLWeighting(gamma), base, base_params, context)
+
+
+#: the DRO weightings by name (also weightings of any pair loss, train/sampling/dro.py)
 DRO_WEIGHTINGS: dict[str, type] = {"dro_topk": TopKWeighting, "dro_topk_pn": TopKPNWeighting, "dro_kl": KLWeighting}
-
-
-def dro_loss_factory(weighting: type) -> Callable[..., DROLoss]:
-    """The factory of the DRO loss of `weighting`: the weighting's parameters, then DROLoss's."""
-    own = [p for name, p in inspect.signature(DROLoss).parameters.items() if name != "weighting"]
-    own_names = {p.name for p in own}
-
-    def factory(**params: Any) -> DROLoss:
-        loss_params = {k: params.pop(k) for k in list(params) if k in own_names}
-        return DROLoss(weighting(**params), **loss_params)
-
-    signature = inspect.Signature([*inspect.signature(weighting).parameters.values(), *own])
-    factory.__signature__ = signature  # type: ignore[attr-defined]  # what the registry checks and lists
-    factory.__doc__ = weighting.__doc__
-    return factory
-
-
-for _name, _weighting in DRO_WEIGHTINGS.items():
-    register(_name)(dro_loss_factory(_weighting))

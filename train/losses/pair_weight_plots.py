@@ -74,7 +74,7 @@ def inspect_loss(
     from metricsearch.train import losses as registry
 
     if checkpoint is not None:
-        from metricsearch.models.embedder import load_checkpoint
+        from metricsearch.models.torch_embedder import load_checkpoint
         from metricsearch.train.runs import run_split
         from metricsearch.train.sampling import build_sampler
 

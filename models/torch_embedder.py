@@ -10,13 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from metricsearch.data import ImageSet
 from metricsearch.models.backbones import backbone_preprocessing, build_backbone
-from metricsearch.models.embed import embed_image_set
+from metricsearch.models.base import ArrayEmbedder
 from metricsearch.models.preprocessing import Preprocessing
 
 
-class Embedder(nn.Module):
+class Embedder(ArrayEmbedder, nn.Module):
     """Maps preprocessed images (N x C x H x W) to embeddings (N x dim)."""
 
     def __init__(
@@ -69,11 +68,6 @@ class Embedder(nn.Module):
             return self(torch.from_numpy(batch).to(device)).float().cpu().numpy()
         finally:
             self.train(was_training)
-
-    def embed_set(self, images: ImageSet, batch_size: int = 256, progress: bool = False,
-                  workers: int | None = None) -> np.ndarray:
-        """Embeddings of a whole ImageSet, decoded in parallel threads ahead of inference."""
-        return embed_image_set(self.embed_arrays, images, self.preprocessing, batch_size, workers, progress)
 
     def checkpoint(self) -> dict[str, Any]:
         """The model part of a checkpoint: its config and weights."""
