@@ -246,8 +246,13 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
 
 
 def set_param(index: faiss.Index, name: str, value: int) -> None:
-    """Set nprobe or efSearch on an index, through its wrappers."""
+    """Set nprobe or efSearch on an index, through its wrappers; with nprobe, an HNSW coarse quantizer's
+    efSearch too (twice nprobe, 16 at least: it returns no more lists than its efSearch)."""
     faiss.ParameterSpace().set_index_parameter(index, name, int(value))
+    ivf = faiss.try_extract_index_ivf(index) if name == "nprobe" else None
+    quantizer = faiss.downcast_index(ivf.quantizer) if ivf is not None else None
+    if isinstance(quantizer, faiss.IndexHNSW):
+        quantizer.hnsw.efSearch = max(2 * int(value), 16)
 
 
 def recalls_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
