@@ -117,6 +117,17 @@ def test_tuning_reaches_the_recall_target_with_the_smallest_setting(request_, ve
         assert again["params"][name] == value
 
 
+def test_nprobe_reaches_every_list_through_an_hnsw_quantizer(vectors) -> None:
+    ids = np.arange(len(vectors), dtype=np.int64)
+    index, _ = build_index(vectors, ids, "IVF500_HNSW32,Flat")
+    set_param(index, "nprobe", 500)  # every list: exact search (with the quantizer's efSearch at 16 it was not)
+    queries = clustered(200, draw=5)
+    exact = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1]
+    assert recall_without_self(index.search(queries, 10)[1], exact, np.full(200, -1), 10) > 0.999
+    lists = faiss.extract_index_ivf(index).quantizer.search(queries, 500)[1]
+    assert (lists >= 0).all() and all(len(set(row)) == 500 for row in lists)  # nprobe lists, all different
+
+
 def test_exact_and_untunable_indexes(vectors) -> None:
     ids = np.arange(len(vectors), dtype=np.int64)
     flat, _ = build_index(vectors[:2000], ids[:2000], "IDMap,Flat")
