@@ -27,8 +27,8 @@ class Embedder(nn.Module):
     ) -> None:
         """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
         the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one).
-        `freeze` N: the backbone's stem and first N blocks (the trunk) get no gradients and keep their
-        BatchNorm statistics (in eval mode even while the model trains)."""
+        `freeze` N: the backbone's stem and first N blocks (the trunk) get no gradients, and every BatchNorm
+        of the backbone keeps its statistics (in eval mode even while the model trains)."""
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
             raise ValueError(f"model.dim must be an integer >= 1 (or null: the backbone's features), got {dim!r}")
@@ -54,10 +54,13 @@ class Embedder(nn.Module):
             self.config["freeze"] = freeze
 
     def train(self, mode: bool = True) -> "Embedder":
-        """Training or eval mode; a frozen trunk stays in eval mode."""
+        """Training or eval mode; with a frozen trunk every BatchNorm of the backbone stays in eval mode (its
+        ImageNet statistics; the trainable blocks' BatchNorm weights still learn)."""
         super().train(mode)
         if self.trunk is not None:
-            self.trunk.eval()
+            for module in self.backbone.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
         return self
 
     def forward(self, images: Tensor) -> Tensor:

@@ -28,11 +28,12 @@ def trunk_state(model: Embedder) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("backbone", [LITE0, "resnet18"])
-def test_a_training_step_leaves_the_frozen_trunk_and_its_batchnorm_statistics_unchanged(backbone) -> None:
+def test_a_training_step_leaves_the_frozen_trunk_and_every_batchnorm_statistic_unchanged(backbone) -> None:
     torch.manual_seed(0)
     model = Embedder(backbone, dim=16, preprocessing={"size": 64}, freeze=2).train()
     before = trunk_state(model)
     rest = {k: v.clone() for k, v in model.named_parameters() if v.requires_grad}
+    stats = {k: v.clone() for k, v in model.backbone.state_dict().items() if "running" in k}
     assert before and rest and any(k.endswith("running_mean") for k in before)
     loss = losses.build("ms")
     optimizer = build_optimizer({"name": "adamw", "lr": 1e-2, "head_lr": 1e-2}, model, loss)
@@ -46,7 +47,10 @@ def test_a_training_step_leaves_the_frozen_trunk_and_its_batchnorm_statistics_un
     changed = [k for k, v in model.named_parameters() if v.requires_grad and not torch.equal(rest[k], v)]
     assert len(changed) == len(rest)  # every parameter after the trunk learned
     assert all(p.requires_grad is False for p in model.trunk.parameters())
-    assert not any(layer.training for layer in model.trunk.layers) and model.head.training
+    statistics = {k: v for k, v in model.backbone.state_dict().items() if "running" in k}
+    assert all(torch.equal(v, stats[k]) for k, v in statistics.items())  # the learning blocks' BatchNorm too
+    assert not any(m.training for m in model.backbone.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert model.head.training
 
 
 @pytest.mark.parametrize("backbone", [LITE0, "timm:resnet18", "resnet18"])
