@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from metricsearch.models.backbones import backbone_preprocessing, build_backbone
 from metricsearch.models.base import ArrayEmbedder
 from metricsearch.models.preprocessing import Preprocessing
+from metricsearch.models.trunk import Trunk, split_backbone
 
 
 class Embedder(ArrayEmbedder, nn.Module):
@@ -21,10 +22,12 @@ class Embedder(ArrayEmbedder, nn.Module):
     def __init__(
         self, backbone: str = "small_cnn", dim: int | None = 128, normalize: bool = True,
         preprocessing: Preprocessing | dict[str, Any] | None = None, pretrained: str | bool | None = None,
-        backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None,
+        backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None, freeze: int | None = None,
     ) -> None:
         """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
-        the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one)."""
+        the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one).
+        `freeze` N: the backbone's stem and first N blocks (the trunk) get no gradients, and every BatchNorm
+        of the backbone keeps its statistics (in eval mode even while the model trains)."""
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
             raise ValueError(f"model.dim must be an integer >= 1 (or null: the backbone's features), got {dim!r}")
@@ -41,6 +44,23 @@ class Embedder(ArrayEmbedder, nn.Module):
         self.tta_shifts = [(int(dx), int(dy)) for dx, dy in (tta_shifts or [])]
         if self.tta_shifts:
             self.config["tta_shifts"] = [list(s) for s in self.tta_shifts]
+        self.trunk: Trunk | None = None
+        if freeze is not None:
+            self.trunk = split_backbone(self.backbone, freeze)
+            for p in self.trunk.parameters():
+                p.requires_grad_(False)
+            self.trunk.eval()
+            self.config["freeze"] = freeze
+
+    def train(self, mode: bool = True) -> "Embedder":
+        """Training or eval mode; with a frozen trunk every BatchNorm of the backbone stays in eval mode (its
+        ImageNet statistics; the trainable blocks' BatchNorm weights still learn)."""
+        super().train(mode)
+        if self.trunk is not None:
+            for module in self.backbone.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
 
     def forward(self, images: Tensor) -> Tensor:
         """Embeddings for a batch of preprocessed images; in eval mode with `tta_shifts`, the mean of
@@ -50,8 +70,17 @@ class Embedder(ArrayEmbedder, nn.Module):
         return self._embed(images)
 
     def _embed(self, images: Tensor) -> Tensor:
-        out = self.head(self.backbone(images))
+        return self._finish(self.backbone(images))
+
+    def _finish(self, features: Tensor) -> Tensor:
+        out = self.head(features)
         return F.normalize(out, dim=1) if self.normalize else out
+
+    def embed_from_trunk(self, trunk_output: Tensor) -> Tensor:
+        """Embeddings from the frozen trunk's output (`self.trunk(images)`): the same as `self(images)`."""
+        if self.trunk is None:
+            raise ValueError("embed_from_trunk needs a frozen trunk (model.freeze)")
+        return self._finish(self.trunk.finish(trunk_output))
 
     @property
     def dim(self) -> int:
@@ -90,7 +119,7 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     cfg = dict(config)
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
-    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts"}
+    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "freeze"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; known: {sorted(known | {'preprocessing', 'pretrained'})}")

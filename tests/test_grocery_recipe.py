@@ -9,6 +9,7 @@ import numpy as np
 
 from metricsearch.app.demo import compare_with_off_the_shelf, format_photo_comparison, grocery_specs
 from metricsearch.data import load_query_gallery, load_split
+from metricsearch.models.torch_embedder import build_embedder
 from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.trainer import build_components
 
@@ -25,6 +26,8 @@ def test_packaged_recipe_finds_the_shared_photos_from_the_repository_and_builds(
     batch = next(iter(sampler))
     assert len(batch) == config.sampler["classes_per_batch"] * config.sampler["images_per_class"]
     assert config.model.pretrained == "imagenet" and config.num_workers > 0  # decoding overlaps compute
+    model = build_embedder(config.model.model_dump(mode="json"))  # the frozen trunk the recipe names exists in its backbone
+    assert model.trunk is not None and config.trunk_cache > 0
 
 
 def test_demo_specs_name_the_held_out_half_photos_and_catalogue(grocery_dir) -> None:

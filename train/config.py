@@ -70,6 +70,8 @@ class ModelConfig(Section):
     tta_shifts: list[tuple[int, int]] = Field(default_factory=list)
     # keys set here replace the backbone's own preprocessing (its ImageNet one; 28 px gray for small_cnn)
     preprocessing: dict[str, Any] = Field(default_factory=dict)
+    # N: the backbone's stem and first N blocks keep their pretrained weights and BatchNorm statistics
+    freeze: Annotated[int, _at_least(0)] | None = None
 
 
 class EvalConfig(Section):
@@ -113,6 +115,9 @@ class TrainConfig(Section):
     amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
     num_workers: Annotated[int, _at_least(0)] = 0
     cache_images: bool = True
+    # V > 0 (with model.freeze): the frozen trunk's outputs for V augmented views of each training image are
+    # computed once, before the first epoch; every step then runs only the trainable rest on one of them
+    trunk_cache: Annotated[int, _at_least(0)] = 0
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: Count = 50
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -267,7 +272,11 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     check_keys(config["logging"], LoggingConfig.model_fields, "logging.")
     for section, (registry, passed, own) in SECTIONS.items():
         check_component(config, section, registry, passed, own)
-    return _validated(TrainConfig, config, "")
+    typed = _validated(TrainConfig, config, "")
+    if typed.trunk_cache and typed.model.freeze is None:
+        raise ValueError("config key trunk_cache caches the frozen trunk's outputs: set model.freeze too "
+                         "(the number of leading backbone blocks to freeze), or trunk_cache: 0")
+    return typed
 
 
 def _validated(schema: type[BaseModel], values: dict[str, Any], where: str) -> Any:

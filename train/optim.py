@@ -32,12 +32,13 @@ def sgd(
 
 
 def build_optimizer(section: dict[str, Any], model: Embedder, loss: nn.Module) -> torch.optim.Optimizer:
-    """The optimizer of an `optimizer` section: backbone at `lr`, head at `head_lr`, then the loss's parameters."""
+    """The optimizer of an `optimizer` section: backbone at `lr` (its frozen trunk left out), head at `head_lr`, then
+    the loss's parameters."""
     params = dict(section)
     name = params.pop("name")
     lr = float(params.pop("lr"))
     head_lr = float(params.pop("head_lr", lr))
-    groups = [{"params": list(model.backbone.parameters()), "lr": lr},
+    groups = [{"params": [p for p in model.backbone.parameters() if p.requires_grad], "lr": lr},
               {"params": list(model.head.parameters()), "lr": head_lr}]
     if hasattr(loss, "param_groups"):
         groups += loss.param_groups(lr)

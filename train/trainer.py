@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from metricsearch.train.optim import build_optimizer, build_schedule
 from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
+from metricsearch.train.trunk_cache import TrunkCache, build_trunk_cache
 
 #: a test hook: set to N, training says "paused before step N" on stderr and waits for a signal (e.g. Ctrl-C) there
 PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
@@ -88,6 +89,7 @@ class Setup:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
     dataset: ImageDataset
+    trunk_cache: TrunkCache | None = None  # config trunk_cache: the steps train on cached trunk outputs
 
 
 @dataclass
@@ -171,8 +173,14 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
     augment = build_augment(config.augment, model.preprocessing.size)
     dataset = ImageDataset(split.train, model.preprocessing, augment, cache=config.cache_images)
+    cache = None
+    if config.trunk_cache:
+        if dist.world_size > 1:
+            raise ValueError("trunk_cache trains in one process: set trunk_cache: 0 under torchrun")
+        cache = build_trunk_cache(model, dataset, config.trunk_cache, config.seed, device,
+                                  num_workers=config.num_workers, autocast=autocast, progress=progress)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
-                 weighting, optimizer, scheduler, scaler, dataset)
+                 weighting, optimizer, scheduler, scaler, dataset, cache)
 
 
 def build_components(
@@ -198,6 +206,7 @@ def build_components(
 def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False) -> dict[str, Any]:
     """One pass over the sampler's batches; its metrics row (mean loss, images/s).
 
+    With a trunk cache the batches are cached trunk outputs (one random view per image), not images.
     The loss is summed on the device and read back (and checked for NaN or inf) only every
     `log_every` steps and at the end of the epoch, so that no step waits for the device.
     """
@@ -206,11 +215,15 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     config = setup.config
     seed_everything(config.seed * 100_003 + epoch)  # per-epoch seeding makes --resume exact
     setup.sampler.set_epoch(epoch)
-    loader = DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=config.num_workers,
-                        pin_memory=setup.device.type == "cuda")
+    if setup.trunk_cache is not None:
+        loader = cached_batches(setup.trunk_cache, setup.sampler, setup.split.train.labels,
+                                torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+    else:
+        loader = DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=config.num_workers,
+                            pin_memory=setup.device.type == "cuda")
     setup.model.train()
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=None if progress else True,
-               unit="batch", leave=False)
+               unit="batch", leave=False, total=len(setup.sampler))
     total = torch.zeros((), dtype=torch.float64, device=setup.device)
     t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
     pause_at = int(os.environ.get(PAUSE_AT_STEP, -1))
@@ -228,8 +241,18 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
             "lr": setup.scheduler.get_last_lr()[0], "world_size": setup.dist.world_size}
 
 
+def cached_batches(
+    cache: TrunkCache, sampler: LabelBatchSampler, labels: np.ndarray, generator: torch.Generator,
+) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """(trunk outputs, labels, indices) of the sampler's batches from the cache, a view drawn per image."""
+    for batch in sampler:
+        indices = torch.as_tensor(batch, dtype=torch.long)
+        yield cache.batch(indices, generator), torch.as_tensor(labels[indices.numpy()]), indices
+
+
 def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) -> Tensor:
-    """One optimisation step on a batch (the global batch under torchrun); its loss, detached, on the device."""
+    """One optimisation step on a batch (the global batch under torchrun); its loss, detached, on the device.
+    With a trunk cache, `images` are the cached trunk outputs."""
     device = setup.device
     cuda = device.type == "cuda"  # pinned batches: the copies need not wait
     images = images.to(device, non_blocking=cuda)
@@ -237,7 +260,7 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
         images = images.contiguous(memory_format=torch.channels_last)
     labels = labels.to(device, non_blocking=cuda)
     with torch.autocast(device.type, dtype=setup.autocast or torch.float32, enabled=setup.autocast is not None):
-        emb = setup.forward(images)
+        emb = setup.forward(images) if setup.trunk_cache is None else setup.model.embed_from_trunk(images)
     emb, labels, indices = gather_batch(emb.float(), labels, indices.to(device, non_blocking=cuda), setup.dist)
     mined = setup.sampler.pairs(labels)
     if setup.miner is not None:
