@@ -53,10 +53,12 @@ class Embedder(ArrayEmbedder, nn.Module):
             self.config["freeze"] = freeze
 
     def train(self, mode: bool = True) -> "Embedder":
-        """Training or eval mode; with a frozen trunk every BatchNorm of the backbone stays in eval mode (its
-        ImageNet statistics; the trainable blocks' BatchNorm weights still learn)."""
+        """Training or eval mode; with a frozen trunk the trunk and every BatchNorm of the backbone stay in eval mode
+        (the trunk is a fixed feature extractor, BatchNorm keeps its ImageNet statistics; the trainable blocks'
+        BatchNorm weights still learn)."""
         super().train(mode)
         if self.trunk is not None:
+            self.trunk.eval()
             for module in self.backbone.modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()

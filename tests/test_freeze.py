@@ -50,6 +50,7 @@ def test_a_training_step_leaves_the_frozen_trunk_and_every_batchnorm_statistic_u
     statistics = {k: v for k, v in model.backbone.state_dict().items() if "running" in k}
     assert all(torch.equal(v, stats[k]) for k, v in statistics.items())  # the learning blocks' BatchNorm too
     assert not any(m.training for m in model.backbone.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert not any(m.training for layer in model.trunk.layers for m in layer.modules())  # a fixed feature extractor
     assert model.head.training
 
 

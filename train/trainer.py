@@ -213,11 +213,12 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     from tqdm.auto import tqdm
 
     config = setup.config
-    seed_everything(config.seed * 100_003 + epoch)  # per-epoch seeding makes --resume exact
+    epoch_seed = config.seed * 100_003 + epoch
+    seed_everything(epoch_seed)  # per-epoch seeding makes --resume exact
     setup.sampler.set_epoch(epoch)
     if setup.trunk_cache is not None:
         loader = cached_batches(setup.trunk_cache, setup.sampler, setup.split.train.labels,
-                                torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+                                torch.Generator().manual_seed(epoch_seed))
     else:
         loader = DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=config.num_workers,
                             pin_memory=setup.device.type == "cuda")
