@@ -158,6 +158,9 @@ def test_auth_protects_every_route_and_failed_credentials_are_throttled(digits_g
                   ("GET", "api/openapi.json")]
         for method, route in routes:
             assert httpx.request(method, url + route, timeout=TIMEOUT).status_code == 401, route
+        # FastAPI's root schema (Gradio's app) would answer without a login: it is gone, with or without one
+        assert httpx.get(url + "openapi.json", timeout=TIMEOUT).status_code == 404
+        assert httpx.get(url + "openapi.json", auth=("ann", "right"), timeout=TIMEOUT).status_code == 404
         files = {"image": ("q.png", _png(gallery_items[0][2]))}
         assert httpx.post(url + "api/search", files=files, timeout=TIMEOUT).status_code == 401
         assert httpx.post(url + "api/search/batch", files=[("images", files["image"])],

@@ -195,6 +195,7 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
             prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
             theme=THEME, css=CSS, app_kwargs={"middleware": [
                 Middleware(LoginThrottle, failures=login_failures, pause=login_pause)]})
+        _drop_root_schema(page.server_app)
         mount_api(page.server_app, handlers, max_upload_bytes=int(max_upload_mb * 1024 * 1024),
                   concurrency=concurrency)
     except BaseException as exc:
@@ -219,6 +220,13 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     finally:
         server.close()
     return server
+
+
+def _drop_root_schema(app: Any) -> None:
+    """Remove the root /openapi.json that FastAPI gives Gradio's app: it answers without a login (Gradio
+    guards only its own routes); /api/openapi.json describes the JSON API behind `--auth`."""
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url]
+    app.openapi_url = None
 
 
 #: glibc's mallopt option M_MMAP_THRESHOLD, and its default value
