@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
-    text += f"\n\nCommand: python bench/omniglot_oneshot.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
     text += f"\nTotal wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores."
     print(text)
     args.results.parent.mkdir(parents=True, exist_ok=True)
