@@ -14,7 +14,8 @@ alphabets, and the script scores 20-way one-shot episodes of two protocols (eval
 and query by two different drawers; Tagalog, with 17 characters, cannot hold a 20-way episode and is
 left out of it) and `across_alphabets` (20 characters from anywhere, easier). Episodes of both folds
 are pooled: error = mean episode error, with its 95% confidence interval; "vs current" is the paired
-difference to the current recipe (or the `--ref` row) on the very same episodes. The raw-pixel baseline needs no training.
+difference to the current recipe (or the `--ref` row) on the very same episodes. The raw-pixel baseline
+needs no training. `--views LABEL SHIFTS` adds rows of the same weights scored with other test-time views.
 
 Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
 ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
@@ -100,7 +101,8 @@ def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]
 
 
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
-        keep: Path | None = None, ref: str = "current", views: dict[str, list[list[int]]] | None = None) -> list[dict[str, Any]]:
+        keep: Path | None = None, ref: str = "current",
+        views: dict[str, list[list[int]]] | None = None) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
     entry of `views` (label -> shifts; `no TTA` = none): the same weights scored with those views."""
     views = {"no TTA": [], **(views or {})}
