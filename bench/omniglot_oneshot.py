@@ -14,7 +14,8 @@ alphabets, and the script scores 20-way one-shot episodes of two protocols (eval
 and query by two different drawers; Tagalog, with 17 characters, cannot hold a 20-way episode and is
 left out of it) and `across_alphabets` (20 characters from anywhere, easier). Episodes of both folds
 are pooled: error = mean episode error, with its 95% confidence interval; "vs current" is the paired
-difference to the current recipe on the very same episodes. The raw-pixel baseline needs no training.
+difference to the current recipe (or the `--ref` row) on the very same episodes. The raw-pixel baseline
+needs no training. `--views LABEL SHIFTS` adds rows of the same weights scored with other test-time views.
 
 Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
 ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -99,31 +101,37 @@ def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]
 
 
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
-        keep: Path | None = None) -> list[dict[str, Any]]:
+        keep: Path | None = None, ref: str = "current",
+        views: dict[str, list[list[int]]] | None = None) -> list[dict[str, Any]]:
+    """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
+    entry of `views` (label -> shifts; `no TTA` = none): the same weights scored with those views."""
+    views = {"no TTA": [], **(views or {})}
     splits = {fold: load_split(f"omniglot:{data}", split=FOLDS[fold]) for fold in folds}
     rows: list[dict[str, Any]] = []
     pixels = PixelEmbedder(28)
     rows.append({"recipe": "pixels", "what": "raw 28x28 pixels, no training", "train_s": {},
                  "errors": {fold: score(pixels.embed_set(s.test), s.test, episodes) for fold, s in splits.items()}})
     trained = [{"recipe": name, "what": RECIPES[name][2], "train_s": {}, "load": {}, "errors": {}} for name in recipes]
-    twins = {name: {"recipe": f"{name}, no TTA", "what": "same weights, test-time views off", "train_s": row["train_s"],
-                    "errors": {}} for name, row in zip(recipes, trained)}
+    twins = {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
+                             "what": f"same weights, test-time views {shifts or 'off'}"}
+             for name, row in zip(recipes, trained) for label, shifts in views.items()}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
         for fold, split in splits.items():  # fold by fold: a stopped run still compares recipes on whole folds
             for name, row in zip(recipes, trained):
                 base, overrides, _ = RECIPES[name]
                 config = recipe_config(name, base, [*overrides, *extra], fold, data, out, scale)
-                row["epochs"] = twins[name]["epochs"] = config["epochs"]
+                row["epochs"] = config["epochs"]
                 row["load"][fold] = os.getloadavg()[0]
                 t0 = time.perf_counter()
                 result = train(config, progress=False)
                 row["train_s"][fold] = time.perf_counter() - t0
                 model = load_embedder(result.run_dir / "last.pt")
                 row["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
-                if model.tta_shifts:
-                    model.tta_shifts = []
-                    twins[name]["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
+                for label, shifts in views.items() if model.tta_shifts else ():
+                    model.tta_shifts = [(int(dx), int(dy)) for dx, dy in shifts]
+                    twins[name, label]["epochs"] = config["epochs"]
+                    twins[name, label]["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
                 e = row["errors"][fold]
                 print(f"{name} fold {fold}: {row['train_s'][fold]:.0f} s (load {row['load'][fold]:.1f}), "
                       f"within {e['within_alphabet'].mean():.4f}, across {e['across_alphabets'].mean():.4f}",
@@ -131,20 +139,18 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
             done = list(trained[0]["errors"])
             partial = [{**rows[0], "errors": {f: rows[0]["errors"][f] for f in done}}, *trained,
                        *(t for t in twins.values() if t["errors"])]
-            print(table(summarise(partial), episodes), file=sys.stderr, flush=True)
+            print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
     for name, row in zip(recipes, trained):
-        rows.append(row)
-        if twins[name]["errors"]:
-            rows.append(twins[name])
+        rows += [row, *(twins[name, label] for label in views if twins[name, label]["errors"])]
     return rows
 
 
-def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pooled errors with CIs, and paired differences to the current recipe."""
+def summarise(rows: list[dict[str, Any]], ref: str = "current") -> list[dict[str, Any]]:
+    """Pooled errors with CIs, and paired differences to the `ref` row."""
     folds = list(rows[0]["errors"])
     pooled = {r["recipe"]: {p: np.concatenate([r["errors"][f][p] for f in folds]) for p in
                             ("within_alphabet", "across_alphabets")} for r in rows}
-    ref = pooled.get("current")
+    reference = pooled.get(ref)
     out = []
     for r in rows:
         e = pooled[r["recipe"]]
@@ -154,13 +160,13 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for p, values in e.items():
             item[p] = mean_ci(values)
             item[f"{p}_by_fold"] = {f: float(r["errors"][f][p].mean()) for f in folds}
-            if ref is not None:
-                item[f"{p}_vs_current"] = mean_ci(values - ref[p], clip=None)
+            if reference is not None:
+                item[f"{p}_vs_ref"] = mean_ci(values - reference[p], clip=None)
         out.append(item)
     return out
 
 
-def table(summary: list[dict[str, Any]], episodes: int) -> str:
+def table(summary: list[dict[str, Any]], episodes: int, ref: str = "current") -> str:
     def ci(v) -> str:
         return f"{100 * v[0]:.1f} [{100 * v[1]:.1f}, {100 * v[2]:.1f}]"
 
@@ -170,13 +176,13 @@ def table(summary: list[dict[str, Any]], episodes: int) -> str:
     lines = [
         f"20-way one-shot error in % [95% CI], both folds pooled ({episodes} episodes per fold and protocol)",
         "",
-        "| recipe | epochs | within-alphabet error | fold A / B | vs current (paired) | across-alphabet error | "
+        f"| recipe | epochs | within-alphabet error | fold A / B | vs {ref} (paired) | across-alphabet error | "
         "train time (s), fold A + B |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         folds = " / ".join(f"{100 * v:.1f}" for v in s["within_alphabet_by_fold"].values())
-        vs = diff(s["within_alphabet_vs_current"]) if "within_alphabet_vs_current" in s and s["recipe"] != "current" else ""
+        vs = diff(s["within_alphabet_vs_ref"]) if "within_alphabet_vs_ref" in s and s["recipe"] != ref else ""
         t = " + ".join(f"{v:.0f}" for v in s["train_s"].values()) or "-"
         lines.append(f"| {s['recipe']} | {s['epochs'] or '-'} | {ci(s['within_alphabet'])} | {folds} | {vs} | {ci(s['across_alphabets'])} | {t} |")
     lines += ["", "Rows: " + "; ".join(f"{s['recipe']}: {s['what']}" for s in summary)]
@@ -195,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="an extra row: name, base (current|final), ';'-separated KEY=VALUE overrides")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply every recipe's epochs by this (e.g. 0.25 for a quick ranking on busy cores)")
+    parser.add_argument("--ref", default="current", help="the row that paired differences are taken against")
+    parser.add_argument("--views", nargs=2, action="append", default=[], metavar=("LABEL", "SHIFTS"),
+                        help="an extra twin of every recipe with test-time views: the same weights scored with "
+                             "these shifts, a JSON list of [dx, dy] (e.g. '[[0, 0], [1, 0]]')")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
     parser.add_argument("--folds", nargs="+", default=list(FOLDS), choices=list(FOLDS), help="folds to run")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
@@ -203,11 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, base, overrides in args.add:
         RECIPES[name] = (base, [o for o in overrides.split(";") if o], f"{base} + {overrides}")
         recipes.append(name)
+    if args.ref not in ("pixels", *recipes):
+        parser.error(f"--ref {args.ref} is not among the rows: pixels, {', '.join(recipes)}")
     t0 = time.perf_counter()
-    rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep)
-    summary = summarise(rows)
-    text = table(summary, args.episodes)
-    text += f"\n\nCommand: python bench/omniglot_oneshot.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    views = {label: json.loads(shifts) for label, shifts in args.views}
+    rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views)
+    summary = summarise(rows, args.ref)
+    text = table(summary, args.episodes, args.ref)
+    text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
     text += f"\nTotal wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores."
     print(text)
     args.results.parent.mkdir(parents=True, exist_ok=True)
