@@ -165,9 +165,10 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
                 "failed counts and seconds per stage, and writes DIR/report.json with each failed file and why.")
     p.add_argument("--model", required=True, help="the exported .onnx embedder")
     images(p)
-    p.add_argument("--index", help="auto (flat up to 50,000 items, else IVF; IVF-PQ when memory is short), flat, ivf, "
-                   "ivfpq, hnsw, or a faiss factory string (default: auto); with --resume, replaces the request of an "
-                   "unfinished build")
+    p.add_argument("--index", help="auto (builds the candidates that fit in memory: IVF-Flat, IVF with an HNSW quantizer "
+                   "for large galleries, HNSW, exact search for small ones, compressed codes when memory is short; tunes each "
+                   "to recall@10 0.95, times each, keeps the fastest), flat, ivf, ivfpq, hnsw, or a faiss factory string "
+                   "(default: auto); with --resume, replaces the request of an unfinished build")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build where its committed work ends")
     p.add_argument("--overwrite", action="store_true", help="replace a gallery that is already in --db")
     p.add_argument("--thumbnail-size", type=int, default=256, help="long side of the stored thumbnails, in pixels")

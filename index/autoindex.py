@@ -1,12 +1,15 @@
 """The automatic index: build the candidate faiss indexes that fit the memory budget, tune each one's
 search parameter to the recall target, time each, keep the fastest (`build_index`).
 
-Candidates are compared on a random sample of at most SAMPLE vectors, IVF list counts scaled with it
-(the same points per list as the full index would have); each one's per-query time at full size is
-predicted from the sample's by how its search cost grows with N: linearly for flat and IVF (the same
-share of the lists is probed, and the lists grow with N), logarithmically for HNSW (graph depth).
-The winner is then built on every vector and tuned and timed there; its report keeps both numbers.
-Galleries of at most SAMPLE vectors are compared on all of them, so nothing is predicted.
+Every candidate holds all N vectors, so its recall and speed are measured on the gallery itself, not
+predicted; what is sampled is what predicts the full index: IVF coarse quantizers are trained (k-means)
+on a random sample of the rows (40 per list, 16 per list with an HNSW quantizer). IVF candidates cost
+one k-means on a bounded sample and one pass over the vectors, and are always built. An HNSW graph
+costs more than linear time, so HNSW is built only when its estimated time (a pilot build on PILOT
+vectors, scaled by N (ln N / ln PILOT)^2) fits what is left of the budget: BUDGET times the first
+candidate's build + tune time, MIN_BUDGET_S at least. A candidate whose search, at a setting still
+below the target, is already PRUNE times slower than the fastest candidate meeting it stops tuning
+(a larger setting only takes longer). The others are listed as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -20,17 +23,22 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
-from .faiss_index import (MEMORY_FRACTION, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K, _inner, available_memory,
-                          build_index as build_factory, choose_index, describe, ivf_lists, memory_bytes, tune,
-                          tuning_queries)
+from .faiss_index import (MEMORY_FRACTION, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K, _inner,
+                          available_memory, build_index as build_factory, choose_index, describe, ivf_lists,
+                          make_index, memory_bytes, tune, tuning_queries)
 
 log = logging.getLogger("metricsearch.index")
 
-SAMPLE = 100_000  # candidates are built, tuned and timed on at most this many vectors
 EXACT_ONLY = 2_000  # up to this many vectors exact search is the only candidate (nothing beats it there)
 FLAT_CANDIDATE_MAX = 50_000  # exact search is a candidate up to this many vectors
 HNSW_M = (16, 32)  # HNSW graph degrees tried
-HNSW_QUANTIZER_MIN = 4_000_000  # from here on IVF with an HNSW coarse quantizer is a candidate
+HNSW_QUANTIZER_MIN = 500_000  # from here on IVF with an HNSW coarse quantizer is a candidate
+HNSW_QUANTIZER_POINTS = 64  # ...with about this many vectors per list
+NITER = 6  # k-means iterations of IVF candidates (faiss's 25 buy little recall at a given nprobe)
+PRUNE = 1.5  # a candidate's tuning stops once a setting below the target is this much slower than the best
+BUDGET = 2.0  # the comparison may take this many times the first candidate's build + tune time
+MIN_BUDGET_S = 30.0  # ...and at least this many seconds
+PILOT = 20_000  # HNSW build time is estimated from a build on this many vectors
 TIMED_BATCHES = 10  # batches of 256 queries timed per candidate (the median counts)
 TIMED_SINGLE = 200  # single queries timed per candidate (the median counts)
 TIMING_S = 1.0  # ...or fewer (3 at least) where they take longer than this
@@ -38,7 +46,7 @@ TIMING_S = 1.0  # ...or fewer (3 at least) where they take longer than this
 
 @dataclass(frozen=True)
 class Candidate:
-    """A faiss factory string for the full gallery, its family (flat, ivf, hnsw) and its estimated bytes."""
+    """A faiss factory string, its family (flat, ivf, hnsw) and its estimated bytes."""
 
     factory: str
     family: str
@@ -47,20 +55,21 @@ class Candidate:
 
 def candidates(n: int, dim: int, memory: int | None = None) -> list[Candidate]:
     """The indexes worth comparing for n vectors of `dim` within MEMORY_FRACTION of `memory` (default:
-    available now): exact (small galleries), IVF-Flat at 3 list counts, HNSW at HNSW_M, IVF with an
-    HNSW quantizer (large ones); SQ8 and PQ codes only when none of those fit."""
+    available now), the reference first: IVF with an HNSW quantizer (large galleries) or IVF-Flat at
+    the rule's list count, then IVF-Flat (the rule's lists; small galleries: also half and twice as many),
+    exact search (small ones), HNSW at HNSW_M; SQ8 and PQ codes only when none of those fit."""
     budget = MEMORY_FRACTION * (memory if memory is not None else available_memory())
     flat = n * (4 * dim + 8)
     if n <= EXACT_ONLY:
         return [Candidate("IDMap,Flat", "flat", flat)]
-    out = [Candidate("IDMap,Flat", "flat", flat)] if n <= FLAT_CANDIDATE_MAX else []
-    lists = ivf_lists(n)
-    for nlist in sorted({max(1, lists // 2), lists, min(2 * lists, n // TRAIN_PER_LIST)}):
-        out.append(Candidate(f"IVF{nlist},Flat", "ivf", flat + nlist * dim * 4))
-    out += [Candidate(f"IDMap,HNSW{m}", "hnsw", flat + n * 8 * m) for m in HNSW_M]  # 2m links of 4 bytes
+    lists, out = ivf_lists(n), []
     if n >= HNSW_QUANTIZER_MIN:
-        nlist = 2 ** math.ceil(math.log2(16 * math.sqrt(n)))
+        nlist = 2 ** round(math.log2(n / HNSW_QUANTIZER_POINTS))
         out.append(Candidate(f"IVF{nlist}_HNSW32,Flat", "ivf", flat + nlist * (4 * dim + 256)))
+    counts = [lists] if n >= HNSW_QUANTIZER_MIN else [lists, max(1, lists // 2), min(2 * lists, n // TRAIN_PER_LIST)]
+    out += [Candidate(f"IVF{c},Flat", "ivf", flat + c * dim * 4) for c in dict.fromkeys(counts)]
+    out += [Candidate("IDMap,Flat", "flat", flat)] if n <= FLAT_CANDIDATE_MAX else []
+    out += [Candidate(f"IDMap,HNSW{m}", "hnsw", flat + n * 8 * m) for m in HNSW_M]  # 2m links of 4 bytes
     fitting = [c for c in out if c.bytes <= budget]
     if fitting:
         return fitting
@@ -70,17 +79,16 @@ def candidates(n: int, dim: int, memory: int | None = None) -> list[Candidate]:
     return [c for c in compressed if c.bytes <= budget] or [Candidate(pq.factory, "ivf", n * (pq_bytes + 8))]
 
 
-def scaled_factory(factory: str, ratio: float) -> str:
-    """The factory string with its IVF list count multiplied by `ratio` (for a sample of the vectors)."""
-    return re.sub(r"^IVF(\d+)", lambda m: f"IVF{max(1, round(int(m.group(1)) * ratio))}", factory)
-
-
-def growth(family: str, sample: int, n: int) -> float:
-    """How much a query's time grows from `sample` to n vectors: linearly for flat and IVF (the same
-    share of the lists probed), with log N for HNSW."""
-    if sample >= n:
-        return 1.0
-    return n / sample if family != "hnsw" else math.log(n) / math.log(max(sample, 2))
+def pilot_seconds(vectors: np.ndarray, factory: str, seed: int = 0) -> float:
+    """Estimated seconds to build an HNSW index `factory` of all `vectors`, from a build on PILOT of them."""
+    n = len(vectors)
+    if n <= PILOT:
+        return 0.0
+    rows = np.sort(np.random.default_rng(seed).choice(n, PILOT, replace=False))
+    index = make_index(factory, vectors.shape[1])
+    start = time.perf_counter()
+    index.add_with_ids(np.ascontiguousarray(vectors[rows]), rows.astype(np.int64))
+    return (time.perf_counter() - start) * n / PILOT * (math.log(n) / math.log(PILOT)) ** 2
 
 
 def ms_per_query(indexes: list[faiss.Index], queries: np.ndarray, batch: int, calls: int, k: int = TUNE_K,
@@ -108,12 +116,15 @@ def index_bytes_at(index: faiss.Index, n: int) -> int:
     return memory_bytes(index, n) + links
 
 
-def _tuned(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, truth, target: float) -> dict:
-    """Tune an index to the target on the queries of `truth`: its setting and recall."""
-    tuning = tune(index, vectors, ids, target=target, truth=truth)
+def _tuned(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, truth, target: float,
+           give_up_ms: float | None = None) -> dict:
+    """Tune an index to the target on the queries of `truth` (see `tune` for `give_up_ms`): its setting,
+    recall and milliseconds per tuning query."""
+    tuning = tune(index, vectors, ids, target=target, truth=truth, give_up_ms=give_up_ms)
     lower = tuning.get("recall_at_10_lower", tuning["recall_at_10"])
     return {"params": tuning["params"], "recall_at_10": tuning["recall_at_10"], "recall_at_10_lower": lower,
-            "meets_target": lower >= target, "queries": len(truth.rows)}
+            "meets_target": lower >= target and not tuning.get("gave_up"), "queries": len(truth.rows),
+            "tuning_ms": tuning.get("ms_per_query", 0.0), "gave_up": tuning.get("gave_up", False)}
 
 
 def _timed(indexes: list[faiss.Index], queries: np.ndarray) -> list[dict]:
@@ -140,54 +151,66 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
         if n > 1 and not describe(built)["exact"]:
             truth = tuning_queries(vectors, ids, np.setdiff1d(np.arange(n), rows), seed=seed)
             result = {**_tuned(built, vectors, ids, truth, target_recall), **_timed([built], truth.queries)[0]}
-        report = {"factory": choice.factory, "reason": choice.reason, **result, "candidates": [], "sample": None}
-        return built, _finish(report, built, n, target_recall, start, time.perf_counter())
-    rng = np.random.default_rng(seed)
-    sample = np.sort(rng.choice(n, SAMPLE, replace=False)) if n > SAMPLE else np.arange(n)
-    xs, ids_s = (vectors[sample], ids[sample]) if n > SAMPLE else (vectors, ids)
-    truth = tuning_queries(xs, ids_s, seed=seed) if n > 1 else None
-    rows, built = [], {}
+            result.pop("gave_up")
+        report = {"factory": choice.factory, "reason": choice.reason, **result, "candidates": [], "skipped": []}
+        return built, _finish(report, built, n, target_recall, start)
+    truth = tuning_queries(vectors, ids, seed=seed) if n > 1 else None
+    room = MEMORY_FRACTION * (memory if memory is not None else available_memory())
+    rows, built, skipped, budget, reference = [], [], [], math.inf, None
     for cand in candidates(n, dim, memory):
+        spent = time.perf_counter() - start
+        estimate = pilot_seconds(vectors, cand.factory, seed) if cand.family == "hnsw" else 0.0
+        why = (f"estimated {estimate:.0f} s, {max(budget - spent, 0):.0f} s of the {budget:.0f} s budget left"
+               if cand.family == "hnsw" and spent + estimate > budget
+               else f"{cand.bytes / 2**20:.0f} MiB more than the memory left"
+               if cand.bytes + sum(r["memory_bytes"] for r in rows) > room
+               else None)
+        if why:
+            skipped.append({"factory": cand.factory, "reason": why})
+            continue
         began = time.perf_counter()
-        factory = scaled_factory(cand.factory, len(sample) / n) if n > SAMPLE else cand.factory
-        idx, _ = build_factory(xs, ids_s, factory, device, seed, exclude=truth.rows if truth else None)
+        idx, _ = build_factory(vectors, ids, cand.factory, device, seed, exclude=truth.rows if truth else None,
+                               niter=NITER)
         build_s = time.perf_counter() - began
-        result = _tuned(idx, xs, ids_s, truth, target_recall) if truth else {
-            "params": {}, "recall_at_10": 1.0, "recall_at_10_lower": 1.0, "meets_target": True}
-        rows.append({"factory": cand.factory, "family": cand.family, "sample_factory": factory, **result,
-                     "build_s": round(build_s, 2), "memory_bytes": index_bytes_at(idx, n)})
-        built[cand.factory] = idx
-    timings = _timed(list(built.values()), truth.queries) if truth else [{"ms_batch_1": 0.0, "ms_batch_256": 0.0}]
+        bound = min((PRUNE * r["tuning_ms"] for r in rows if r["meets_target"]), default=None)
+        result = _tuned(idx, vectors, ids, truth, target_recall, bound) if truth else {
+            "params": {}, "recall_at_10": 1.0, "recall_at_10_lower": 1.0, "meets_target": True, "gave_up": False}
+        if result.pop("gave_up"):
+            (name, value), = result["params"].items()
+            skipped.append({"factory": cand.factory, "reason": (
+                f"built; at {name}={value} (recall@10 {result['recall_at_10']:.3f}) already over {PRUNE}x slower than "
+                "the fastest candidate meeting the target, so not tuned further")})
+            continue
+        rows.append({"factory": cand.factory, **result, "build_s": round(build_s, 2),
+                     "tune_s": round(time.perf_counter() - began - build_s, 2), "memory_bytes": index_bytes_at(idx, n)})
+        built.append(idx)
+        if reference is None:  # the budget: BUDGET x the first candidate's cost, tuning queries included
+            reference = time.perf_counter() - start
+            budget = max(BUDGET * reference, MIN_BUDGET_S)
+    timings = _timed(built, truth.queries) if truth else [{"ms_batch_1": 0.0, "ms_batch_256": 0.0}]
     for row, timing in zip(rows, timings):
-        grow = growth(row.pop("family"), len(sample), n)
-        row.update(timing, predicted_ms_batch_1=round(timing["ms_batch_1"] * grow, 5),
-                   predicted_ms_batch_256=round(timing["ms_batch_256"] * grow, 5))
+        row.update(timing)
         log.info("faiss: candidate %s", row)
+    for row in skipped:
+        log.info("faiss: candidate %s skipped: %s", row["factory"], row["reason"])
     winner, reason = pick(rows, target_recall)
-    if n <= EXACT_ONLY:
-        reason = _exact_only(n)
-    chosen = time.perf_counter()
-    if n <= SAMPLE:
-        best = built[winner["factory"]]
-        report = {**{k: winner[k] for k in ("factory", "params", "recall_at_10", "recall_at_10_lower", "meets_target",
-                                            "ms_batch_1", "ms_batch_256")}, "build_s": winner["build_s"]}
-    else:
-        built.clear()
-        best, train_rows = build_factory(vectors, ids, winner["factory"], device, seed)
-        full_truth = tuning_queries(vectors, ids, np.setdiff1d(np.arange(n), train_rows), seed=seed)
-        report = {"factory": winner["factory"], **_tuned(best, vectors, ids, full_truth, target_recall),
-                  **_timed([best], full_truth.queries)[0]}
-    report.update(reason=reason, candidates=rows, sample=len(sample) if n > SAMPLE else None,
-                  choice_s=round(chosen - start, 2))
-    return best, _finish(report, best, n, target_recall, start, chosen)
+    best = built[rows.index(winner)]
+    built.clear()
+    report = {k: winner[k] for k in ("factory", "params", "recall_at_10", "recall_at_10_lower", "meets_target",
+                                     "ms_batch_1", "ms_batch_256", "build_s", "tune_s")}
+    report["queries"] = winner.get("queries", 0)
+    report.update(reason=_exact_only(n) if n <= EXACT_ONLY else reason, candidates=rows, skipped=skipped,
+                  budget_s=round(budget, 1) if reference else None,
+                  reference_s=round(reference, 2) if reference else None)
+    return best, _finish(report, best, n, target_recall, start)
 
 
-def _finish(report: dict, index: faiss.Index, n: int, target: float, start: float, chosen: float) -> dict:
+def _finish(report: dict, index: faiss.Index, n: int, target: float, start: float) -> dict:
     """The report with the common fields: target, items, kind, memory, seconds."""
     report.setdefault("recall_at_10", 1.0)
     report.setdefault("recall_at_10_lower", report["recall_at_10"])
     report.update(target=target, items=n, kind=describe(index)["kind"], memory_bytes=index_bytes_at(index, n),
-                  final_build_s=round(time.perf_counter() - chosen, 2), total_s=round(time.perf_counter() - start, 2))
+                  total_s=round(time.perf_counter() - start, 2))
     if report["recall_at_10_lower"] < target:
         log.warning("faiss: %s reaches recall@10 %.3f (lower bound %.3f), below the target %.2f", report["factory"],
                     report["recall_at_10"], report["recall_at_10_lower"], target)
@@ -211,31 +234,31 @@ def current_reason(choice: dict, count: int) -> str | None:
 
 
 def pick(rows: list[dict], target: float) -> tuple[dict, str]:
-    """The candidate with the smallest predicted time per query at batch 256 among those meeting the
+    """The candidate with the smallest measured time per query at batch 256 among those meeting the
     target (none does: the highest lower recall bound), and why, in one line."""
     meeting = [r for r in rows if r["meets_target"]]
     if not meeting:
         best = max(rows, key=lambda r: r["recall_at_10_lower"])
         return best, f"no candidate reached recall@10 {target} (lower bound): the highest, {best['recall_at_10_lower']}"
-    ranked = sorted(meeting, key=lambda r: r["predicted_ms_batch_256"])
+    ranked = sorted(meeting, key=lambda r: r["ms_batch_256"])
     best = ranked[0]
     why = (f"fastest at batch 256 of {len(meeting)} of {len(rows)} candidates meeting recall@10 >= {target} "
-           f"(lower 95% bound): {best['predicted_ms_batch_256'] * 1e3:.1f} us/query")
+           f"(lower 95% bound): {best['ms_batch_256'] * 1e3:.1f} us/query")
     if len(ranked) > 1:
         second = ranked[1]
-        why += f", {second['predicted_ms_batch_256'] / max(best['predicted_ms_batch_256'], 1e-9):.2f}x faster than {second['factory']}"
+        why += f", {second['ms_batch_256'] / max(best['ms_batch_256'], 1e-9):.2f}x faster than {second['factory']}"
     return best, why
 
 
 def candidate_lines(report: dict) -> list[str]:
-    """One line per candidate of a build_index report: setting, recall, speed (predicted at full size
-    when compared on a sample), the winner marked."""
-    sampled = report.get("sample") is not None
+    """One line per candidate of a build_index report: setting, recall, measured speed, the winner
+    marked; then one per candidate skipped, with the reason."""
     out = []
     for r in report.get("candidates", []):
         params = ",".join(f"{k}={v}" for k, v in r["params"].items()) or "exact"
         mark = "*" if r["factory"] == report["factory"] else " "
         out.append(f"{mark}{r['factory']} {params}: recall@10 {r['recall_at_10']:.3f} (lower {r['recall_at_10_lower']:.3f}), "
-                   f"{r['predicted_ms_batch_256'] * 1e3:.1f} us/query at batch 256, {r['predicted_ms_batch_1'] * 1e3:.1f} us "
-                   f"at batch 1{' (predicted from the sample)' if sampled else ''}")
+                   f"{r['ms_batch_256'] * 1e3:.1f} us/query at batch 256, {r['ms_batch_1'] * 1e3:.1f} us at batch 1, "
+                   f"built in {r['build_s']:.1f} s")
+    out += [f" {r['factory']}: skipped ({r['reason']})" for r in report.get("skipped", [])]
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ INDEX_DIR = "index"
 FLAT_MAX = 50_000  # auto: exact search up to this many items
 MEMORY_FRACTION = 0.5  # auto: the index may take this share of the available memory
 TRAIN_PER_LIST = 40  # IVF training points per list (faiss asks for at least 39)
+HNSW_TRAIN_PER_LIST = 16  # ...with an HNSW coarse quantizer (its lists are many and small)
 PQ_MIN = 1_000  # fewest vectors to train IVF-PQ on
 TARGET_RECALL = 0.95
 TUNE_K = 10
@@ -144,7 +146,8 @@ def make_index(factory: str, dim: int) -> faiss.Index:
 
 def check_trainable(factory: str, dim: int, n: int) -> None:
     """ValueError unless faiss can train index `factory` on n vectors (an IVF index needs one per list)."""
-    ivf = faiss.try_extract_index_ivf(make_index(factory, dim))
+    index = make_index(factory, dim)  # held: the IVF view below points into it
+    ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None and n < ivf.nlist:
         raise ValueError(f"faiss index {factory} has {ivf.nlist} lists and needs at least that many vectors to "
                          f"train, the gallery has {n}: choose another --index (auto, flat, or fewer lists)")
@@ -219,18 +222,32 @@ def to_cpu(index: faiss.Index) -> faiss.Index:
     return faiss.index_gpu_to_cpu(index) if hasattr(faiss, "index_gpu_to_cpu") else index
 
 
-def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu",
-                seed: int = 0, exclude: np.ndarray | None = None) -> tuple[faiss.Index, np.ndarray]:
-    """An index of `vectors` under `ids`, trained on a random sample (on the GPUs with device gpu) of
-    the rows not in `exclude` (of all rows when the others are too few); returns the CPU index and
-    the rows of the training sample."""
+def _prepare_training(index: faiss.Index, niter: int | None) -> int:
+    """Set up an IVF index's k-means (`niter` iterations, faiss's default when None; with an HNSW coarse
+    quantizer, assignments through an HNSW16 graph) and return how many training vectors it wants."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return 100_000
+    if niter is not None:
+        ivf.cp.niter = niter
+    if isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW):
+        ivf.clustering_index = faiss.IndexHNSWFlat(ivf.d, 16)  # flat k-means over 10^4+ lists takes hours
+        ivf.cp.min_points_per_centroid = HNSW_TRAIN_PER_LIST
+        return HNSW_TRAIN_PER_LIST * ivf.nlist
+    return TRAIN_PER_LIST * ivf.nlist
+
+
+def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
+                exclude: np.ndarray | None = None, niter: int | None = None) -> tuple[faiss.Index, np.ndarray]:
+    """An index of `vectors` under `ids`, trained (k-means of `niter` iterations for IVF, faiss's default
+    when None) on a random sample (on the GPUs with device gpu) of the rows not in `exclude` (of all
+    rows when the others are too few); returns the CPU index and the rows of the training sample."""
     check_trainable(factory, vectors.shape[1], len(vectors))
     index = make_index(factory, vectors.shape[1])
     rows = np.zeros(0, dtype=np.int64)
     work = to_device(index, device, len(vectors))
     if not index.is_trained:
-        ivf = faiss.try_extract_index_ivf(index)
-        want = TRAIN_PER_LIST * ivf.nlist if ivf is not None else 100_000
+        want = _prepare_training(index, niter)
         pool = np.setdiff1d(np.arange(len(vectors)), exclude if exclude is not None else [])
         pool = pool if len(pool) >= min(want, len(vectors)) else np.arange(len(vectors))
         size = min(len(pool), want)
@@ -241,18 +258,22 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
             detail = str(exc).strip().splitlines()[-1]
             raise ValueError(f"faiss cannot train index {factory} on {size} vectors ({detail}): choose another "
                              "--index (auto or flat)") from exc
+    ivf = faiss.try_extract_index_ivf(work)
+    if ivf is not None and isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW):
+        faiss.downcast_index(ivf.quantizer).hnsw.efSearch = 32  # each vector's list, found well enough
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
     return (index if work is index else to_cpu(work)), rows
 
 
 def set_param(index: faiss.Index, name: str, value: int) -> None:
     """Set nprobe or efSearch on an index, through its wrappers; with nprobe, an HNSW coarse quantizer's
-    efSearch too (twice nprobe, 16 at least: it returns no more lists than its efSearch)."""
+    efSearch too (4x nprobe, 32 at least: it returns no more lists than its efSearch, and finds the
+    nearest lists better with room to spare)."""
     faiss.ParameterSpace().set_index_parameter(index, name, int(value))
     ivf = faiss.try_extract_index_ivf(index) if name == "nprobe" else None
     quantizer = faiss.downcast_index(ivf.quantizer) if ivf is not None else None
     if isinstance(quantizer, faiss.IndexHNSW):
-        quantizer.hnsw.efSearch = max(2 * int(value), 16)
+        quantizer.hnsw.efSearch = max(4 * int(value), 32)
 
 
 def recalls_without_self(found: np.ndarray, exact: np.ndarray, query_ids: np.ndarray, k: int) -> np.ndarray:
@@ -293,12 +314,14 @@ def tuning_queries(vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | 
 
 def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | None = None, *,
          target: float = TARGET_RECALL, k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0,
-         truth: TuningQueries | None = None) -> dict:
+         truth: TuningQueries | None = None, give_up_ms: float | None = None) -> dict:
     """The smallest nprobe / efSearch whose recall@k against exact search reaches `target` (its lower
     95% bound does), on up to `n_queries` gallery vectors (from `held_out` rows, those the index was
     not trained on, when given; or the queries of `truth`) searching for their neighbours, themselves
     left out; sets it on the index and returns {"params", "recall_at_10", "recall_at_10_lower",
-    "target", "queries", "items"}."""
+    "target", "queries", "items", "ms_per_query"} (the last: its search of the tuning queries). With
+    `give_up_ms`, it stops (adding "gave_up": True) at a setting below the target whose search takes
+    longer per query than that: a larger one only takes longer."""
     info = describe(index)
     result = {"params": {}, "recall_at_10": 1.0, "target": target, "queries": 0, "items": len(vectors)}
     if info["exact"] or len(vectors) < 2:
@@ -306,17 +329,21 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
     truth = truth or tuning_queries(vectors, ids, held_out, k=k, n_queries=n_queries, seed=seed)
     rows, queries, query_ids, exact = truth.rows, truth.queries, truth.query_ids, truth.exact
 
-    def recall_at(value: int | None) -> tuple[float, float]:
-        """Mean recall and its lower 95% bound (mean - 2 standard errors): the bound must reach the
-        target, so that the setting holds on other queries too, not just on this sample."""
+    def recall_at(value: int | None) -> tuple[float, float, float]:
+        """Mean recall, its lower 95% bound (mean - 2 standard errors: the bound must reach the target,
+        so that the setting holds on other queries too, not just on this sample) and ms per query."""
         if value is not None:
             set_param(index, info["param"], value)
-        r = recalls_without_self(index.search(queries, k + 1)[1], exact, query_ids, k)
-        return float(r.mean()), float(r.mean() - 2 * r.std() / np.sqrt(len(r)))
+        start = time.perf_counter()
+        found = index.search(queries, k + 1)[1]
+        ms = 1e3 * (time.perf_counter() - start) / len(queries)
+        r = recalls_without_self(found, exact, query_ids, k)
+        return float(r.mean()), float(r.mean() - 2 * r.std() / np.sqrt(len(r))), ms
 
     result["queries"] = len(rows)
     if info["param"] is None:
-        result["recall_at_10"] = round(recall_at(None)[0], 4)
+        r = recall_at(None)
+        result.update(recall_at_10=round(r[0], 4), ms_per_query=round(r[2], 5))
         return result
     ivf = faiss.try_extract_index_ivf(index)
     low, high = (1, ivf.nlist) if ivf is not None else (k, 4096)
@@ -326,6 +353,10 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
         if r[1] >= target or value >= high:
             best = (value, r)
             break
+        if give_up_ms is not None and r[2] > give_up_ms:
+            result.update(params={info["param"]: value}, recall_at_10=round(r[0], 4), recall_at_10_lower=round(r[1], 4),
+                          ms_per_query=round(r[2], 5), gave_up=True)
+            return result
         lo, value = value, min(high, value * 2)
     while best[1][1] >= target and best[0] - lo > 1:  # bisect between the last failing and first passing
         mid = (lo + best[0]) // 2
@@ -333,7 +364,7 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
         best, lo = ((mid, r), lo) if r[1] >= target else (best, mid)
     set_param(index, info["param"], best[0])
     result.update(params={info["param"]: best[0]}, recall_at_10=round(best[1][0], 4),
-                  recall_at_10_lower=round(best[1][1], 4))
+                  recall_at_10_lower=round(best[1][1], 4), ms_per_query=round(best[1][2], 5))
     if best[1][1] < target:
         log.warning("faiss: %s reaches recall@%d %.3f at most (%s=%d), below the target %.2f",
                     type(_inner(index)[0]).__name__, k, best[1][0], info["param"], best[0], target)
