@@ -85,9 +85,11 @@ def pilot_seconds(vectors: np.ndarray, factory: str, seed: int = 0) -> float:
     if n <= PILOT:
         return 0.0
     rows = np.sort(np.random.default_rng(seed).choice(n, PILOT, replace=False))
-    index = make_index(factory, vectors.shape[1])
+    index, x = make_index(factory, vectors.shape[1]), np.ascontiguousarray(vectors[rows])
     start = time.perf_counter()
-    index.add_with_ids(np.ascontiguousarray(vectors[rows]), rows.astype(np.int64))
+    if not index.is_trained:  # HNSW over SQ8 codes
+        index.train(x)
+    index.add_with_ids(x, rows.astype(np.int64))
     return (time.perf_counter() - start) * n / PILOT * (math.log(n) / math.log(PILOT)) ** 2
 
 

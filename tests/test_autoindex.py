@@ -79,6 +79,7 @@ def test_the_time_budget_builds_the_reference_and_skips_what_does_not_fit(monkey
     assert sum(line.startswith("*") for line in lines) == 1 and sum("skipped" in line for line in lines) == 2 + len(pruned)
     monkeypatch.setattr(autoindex, "PILOT", 1_000)  # HNSW's build time is estimated from a smaller one
     assert pilot_seconds(x, "IDMap,HNSW32") > 0 and pilot_seconds(x[:900], "IDMap,HNSW32") == 0.0
+    assert pilot_seconds(x, "IDMap,HNSW32_SQ8") > 0  # trained first
 
 
 def test_every_candidate_holds_every_vector_ivf_with_an_hnsw_quantizer_among_them(monkeypatch) -> None:
