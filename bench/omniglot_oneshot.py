@@ -102,9 +102,10 @@ def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]
 
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
-        views: dict[str, list[list[int]]] | None = None) -> list[dict[str, Any]]:
+        views: dict[str, list[list[int]]] | None = None, reuse: bool = False) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
-    entry of `views` (label -> shifts; `no TTA` = none): the same weights scored with those views."""
+    entry of `views` (label -> shifts; `no TTA` = none): the same weights scored with those views.
+    With `reuse`, a run already finished in `keep` under the same config is scored, not trained again."""
     views = {"no TTA": [], **(views or {})}
     splits = {fold: load_split(f"omniglot:{data}", split=FOLDS[fold]) for fold in folds}
     rows: list[dict[str, Any]] = []
@@ -123,9 +124,12 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 config = recipe_config(name, base, [*overrides, *extra], fold, data, out, scale)
                 row["epochs"] = config["epochs"]
                 row["load"][fold] = os.getloadavg()[0]
+                timing = out / f"{name}-{fold}" / "bench_train_s.json"
+                again = reuse and timing.is_file()  # written only once a training has finished
                 t0 = time.perf_counter()
-                result = train(config, progress=False)
-                row["train_s"][fold] = time.perf_counter() - t0
+                result = train(config, progress=False, resume=again)  # resuming a finished run trains nothing
+                row["train_s"][fold] = json.loads(timing.read_text()) if again else time.perf_counter() - t0
+                timing.write_text(json.dumps(row["train_s"][fold]))
                 model = load_embedder(result.run_dir / "last.pt")
                 row["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
                 for label, shifts in views.items() if model.tta_shifts else ():
@@ -206,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="an extra twin of every recipe with test-time views: the same weights scored with "
                              "these shifts, a JSON list of [dx, dy] (e.g. '[[0, 0], [1, 0]]')")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="score runs already finished in --keep under the same config instead of training "
+                             "them again (their training times are the ones measured then)")
     parser.add_argument("--folds", nargs="+", default=list(FOLDS), choices=list(FOLDS), help="folds to run")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
     args = parser.parse_args(argv)
@@ -213,11 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, base, overrides in args.add:
         RECIPES[name] = (base, [o for o in overrides.split(";") if o], f"{base} + {overrides}")
         recipes.append(name)
+    if args.reuse and args.keep is None:
+        parser.error("--reuse needs --keep FOLDER, the folder of the earlier runs")
     if args.ref not in ("pixels", *recipes):
         parser.error(f"--ref {args.ref} is not among the rows: pixels, {', '.join(recipes)}")
     t0 = time.perf_counter()
     views = {label: json.loads(shifts) for label, shifts in args.views}
-    rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views)
+    rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views,
+               args.reuse)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"

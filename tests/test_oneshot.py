@@ -214,6 +214,37 @@ def test_handwriting_augmentation_changes_stroke_width() -> None:
     torch.manual_seed(0)
     elastic = build_augment({"name": "handwriting", "elastic_p": 1.0}, 28)(image)
     assert elastic.size == (28, 28) and elastic.mode == "L"
+    with pytest.raises(ValueError, match="elastic_bank"):
+        build_augment({"name": "handwriting", "elastic_p": 0.5, "elastic_bank": 0}, 28)
+
+
+def test_handwriting_elastic_distortion_applies_one_field_of_its_bank() -> None:
+    """The distortion is one of the precomputed displacement fields (or its negation): the output equals
+    torchvision's elastic transform with that field, and different draws use different fields."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional
+
+    from metricsearch.train.augment import build_augment
+
+    image = Image.new("L", (28, 28), 255)
+    image.paste(0, (10, 4, 13, 24))
+    plain = {"degrees": 0, "translate": [0, 0], "scale": [1, 1], "shear": 0, "stroke": [0, 0]}
+    torch.manual_seed(0)
+    augment = build_augment({"name": "handwriting", **plain, "elastic_p": 1.0, "elastic_bank": 4}, 28)
+    assert augment.fields.shape == (4, 28, 28, 2)
+    candidates = [np.asarray(functional.elastic_transform(image, (sign * f)[None], InterpolationMode.BILINEAR, 255))
+                  for f in augment.fields for sign in (1, -1)]
+    seen = set()
+    for _ in range(40):
+        out = np.asarray(augment(image))
+        assert not np.array_equal(out, np.asarray(image))
+        matches = [i for i, c in enumerate(candidates) if np.array_equal(out, c)]
+        assert matches
+        seen.add(matches[0])
+    assert len(seen) > 4  # fields and signs vary from image to image
+    bigger = Image.new("L", (56, 56), 255)
+    bigger.paste(0, (20, 8, 26, 48))
+    assert augment(bigger).size == (56, 56)  # a field drawn at 28 px is resized to the image
     with pytest.raises(ValueError, match="nope"):
         build_augment({"name": "handwriting", "nope": 1}, 28)
 

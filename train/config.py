@@ -84,6 +84,13 @@ class EvalConfig(Section):
     one_shot_ways: Annotated[int, _at_least(2)] | None = None
 
 
+class MemoryConfig(Section):
+    """The `memory` section: a cross-batch memory of recent embeddings as extra references (XBM)."""
+
+    size: Annotated[int, _at_least(0)] = 0  # embeddings of earlier batches kept; 0: no memory
+    start_epoch: Annotated[int, _at_least(0)] = 1  # the bank counts from this epoch on (0: from the first step)
+
+
 class LoggingConfig(Section):
     """The `logging` section: where a run's numbers go besides metrics.jsonl."""
 
@@ -118,6 +125,7 @@ class TrainConfig(Section):
     # V > 0 (with model.freeze): the frozen trunk's outputs for V augmented views of each training image are
     # computed once, before the first epoch; every step then runs only the trainable rest on one of them
     trunk_cache: Annotated[int, _at_least(0)] = 0
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: Count = 50
     logging: LoggingConfig = Field(default_factory=LoggingConfig)

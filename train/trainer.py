@@ -25,7 +25,7 @@ from metricsearch.models.torch_embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import build_augment
 from metricsearch.train.board import Board
-from metricsearch.train.config import TrainConfig, typed_config
+from metricsearch.train.config import DEFAULTS, TrainConfig, typed_config
 from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.device import amp_dtype, resolve_device
@@ -33,6 +33,7 @@ from metricsearch.train.distributed import (
     DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
 )
 from metricsearch.train.losses.base import MetricLoss, Mined, Weighting
+from metricsearch.train.memory import CrossBatchMemory
 from metricsearch.train.optim import build_optimizer, build_schedule
 from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.base import LabelBatchSampler
@@ -90,6 +91,7 @@ class Setup:
     scaler: torch.amp.GradScaler
     dataset: ImageDataset
     trunk_cache: TrunkCache | None = None  # config trunk_cache: the steps train on cached trunk outputs
+    memory: CrossBatchMemory | None = None  # config memory.size > 0: the loss also compares with earlier batches
 
 
 @dataclass
@@ -164,8 +166,11 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     seed_everything(config.seed)
     model = build_embedder(config.model.model_dump(mode="json"), pretrained=config.model.pretrained)
     loss, sampler, miner, weighting = build_components(config, split.train, dist)
+    memory = build_memory(config, loss, sampler, miner, weighting, model.dim)
     model.to(device)
     loss.to(device)
+    if memory is not None:
+        memory.to(device)
     if device.type == "cuda":
         model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(config.optimizer, model, loss)
@@ -180,7 +185,18 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
         cache = build_trunk_cache(model, dataset, config.trunk_cache, config.seed, device,
                                   num_workers=config.num_workers, autocast=autocast, progress=progress)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
-                 weighting, optimizer, scheduler, scaler, dataset, cache)
+                 weighting, optimizer, scheduler, scaler, dataset, cache, memory)
+
+
+def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
+                 miner: Callable[..., Mined] | None, weighting: Weighting | None, dim: int) -> CrossBatchMemory | None:
+    """The cross-batch memory the `memory` section asks for (None for size 0), checked against the components."""
+    if config.memory.size == 0:
+        return None
+    if miner is not None or weighting is not None or sampler.fixes_pairs:
+        raise ValueError("memory (a cross-batch memory) compares with all of its pairs: drop the miner and the "
+                         "weighting, use the group sampler, or set memory.size: 0")
+    return CrossBatchMemory(loss, config.memory.size, dim, start_step=config.memory.start_epoch * len(sampler))
 
 
 def build_components(
@@ -266,7 +282,8 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
     mined = setup.sampler.pairs(labels)
     if setup.miner is not None:
         mined = setup.miner(emb.detach(), labels, mined)
-    loss = setup.loss(emb, labels, mined=mined, weighting=setup.weighting, indices=indices)
+    compute = setup.loss if setup.memory is None else setup.memory
+    loss = compute(emb, labels, mined=mined, weighting=setup.weighting, indices=indices)
     setup.optimizer.zero_grad(set_to_none=True)
     setup.scaler.scale(loss).backward()
     setup.scaler.step(setup.optimizer)
@@ -304,6 +321,7 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
     checkpoint = {
         **setup.model.checkpoint(), "loss": setup.loss.state_dict(), "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
+        **({"memory": setup.memory.state_dict()} if setup.memory is not None else {}),
         "epoch": len(state.history), "history": state.history, "best_recall_at_1": state.best_recall_at_1,
         "config": config.model_dump(mode="json"), "class_names": setup.split.test.class_names, "data_notes": setup.split.notes,
     }
@@ -320,6 +338,8 @@ def restore(setup: Setup, run_dir: Path) -> RunState:
     setup.optimizer.load_state_dict(state["optimizer"])
     setup.scheduler.load_state_dict(state["scheduler"])
     setup.scaler.load_state_dict(state["scaler"])
+    if setup.memory is not None:
+        setup.memory.load_state_dict(state["memory"])
     return RunState(state["history"], state["best_recall_at_1"])
 
 
@@ -346,7 +366,9 @@ def _prepare_run_dir(settings: TrainConfig, resume: bool, overwrite: bool, write
     if resume:
         if not last.is_file():
             raise FileNotFoundError(f"--resume: {last} does not exist; start the run without --resume")
+        # top-level keys added to the schema since the run was saved compare with their defaults
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        saved = typed_config({**DEFAULTS, **saved}).model_dump(mode="json")
         differ = sorted(k for k in set(saved) | set(config)
                         if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k))
         if differ:

@@ -55,6 +55,15 @@ def label_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
     return same & ~eye, ~same
 
 
+def reference_masks(labels: Tensor, ref_labels: Tensor) -> tuple[Tensor, Tensor]:
+    """B x (B + M) masks of positive and negative pairs between the batch and [the batch; M references],
+    each row's pair with itself left out."""
+    same = labels[:, None] == torch.cat([labels, ref_labels])[None, :]
+    itself = torch.zeros_like(same)
+    itself[:, : labels.shape[0]] = torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
+    return same & ~itself, ~same
+
+
 def pair_masks(labels: Tensor, mined: Mined | None) -> tuple[Tensor, Tensor]:
     """Positive and negative masks restricted to the mined pairs, if any."""
     pos, neg = label_masks(labels)
@@ -173,6 +182,11 @@ class MetricLoss(nn.Module):
     def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         """The loss from S (or its block) and the mined pairs; every loss but the pair losses implements this."""
         raise NotImplementedError
+
+    def loss_against(self, embeddings: Tensor, labels: Tensor, refs: Tensor, ref_labels: Tensor) -> Tensor:
+        """The loss of the batch's anchors against the batch and extra references (a cross-batch memory);
+        only losses whose terms are per-anchor sums over references implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not take references beyond the batch")
 
     def extra_loss(self, embeddings: Tensor) -> Tensor | None:
         """Terms that do not go through S (e.g. an L2 penalty); None when there are none."""

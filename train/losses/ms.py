@@ -13,6 +13,7 @@ from metricsearch.train.losses.base import (
     check_positive,
     masked_logsumexp,
     pair_masks,
+    reference_masks,
 )
 
 
@@ -65,7 +66,17 @@ class MultiSimilarityLoss(MetricLoss):
         self.mining = mining
 
     def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
-        pos, neg = ms_pairs(sim, labels, mined, self.mining, self.epsilon)
+        return self.anchor_mean(sim, *pair_masks(labels, mined))
+
+    def loss_against(self, embeddings: Tensor, labels: Tensor, refs: Tensor, ref_labels: Tensor) -> Tensor:
+        """Eq. 15 with each anchor's pairs taken among the batch and `refs` (a cross-batch memory)."""
+        sim = self.similarity(embeddings, torch.cat([embeddings, refs.to(embeddings.dtype)]))
+        return self.anchor_mean(sim, *reference_masks(labels, ref_labels))
+
+    def anchor_mean(self, sim: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+        """Eq. 15 over the rows (anchors) of `sim`, MS-mined among `pos` / `neg` when mining is on."""
+        if self.mining:
+            pos, neg = ms_mine(sim, pos, neg, self.epsilon)
         pos_term = log1p_sum_exp(-self.alpha * (sim - self.base), pos) / self.alpha
         neg_term = log1p_sum_exp(self.beta * (sim - self.base), neg) / self.beta
         return (pos_term + neg_term).mean()
