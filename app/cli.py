@@ -72,6 +72,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from metricsearch.train import quantize_onnx
+
+    report = quantize_onnx(args.model, args.out, args.images, count=args.count, min_cosine=args.min_cosine,
+                           overwrite=args.overwrite)
+    print(json.dumps({"onnx": str(report.path), "calibration_images": report.calibration_images,
+                      "min_cosine": round(report.min_cosine, 4), "mean_cosine": round(report.mean_cosine, 4)}))
+    return 0
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.db is None):
         raise ValueError("pass --model (with --dataset, or --query and --gallery) or --db (a gallery), one of the two")
@@ -225,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="images in the parity batch")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |torch - onnxruntime|")
+
+    p = add("quantize", _cmd_quantize, "Write an int8 copy of an exported model (int8 weights and activations, "
+            "ranges calibrated on images of a data set): about 2x faster on a CPU; checked against the float32 model.")
+    p.add_argument("model", help="exported .onnx file (from `metricsearch export`)")
+    p.add_argument("--out", required=True, help="path of the int8 .onnx file to write (its folder must exist)")
+    p.add_argument("--images", required=True, help="data set spec of calibration images like those it will embed "
+                   "(e.g. the training data: omniglot, folder:PATH)")
+    p.add_argument("--count", type=int, default=256, help="calibration images, spread evenly over the spec")
+    p.add_argument("--min-cosine", type=float, default=0.9,
+                   help="fail, writing nothing, if an int8 embedding's cosine to its float32 one is lower")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
     p = add("evaluate", _cmd_evaluate, "Recall@K, NMI and MAP@R of an ONNX model (or raw pixels) on a data "
             "set's test classes, or of queries against a gallery, or of a built gallery through its index.")

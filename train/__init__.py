@@ -8,7 +8,8 @@
 from metricsearch.train.config import load_config
 from metricsearch.train.export import ExportReport, export_onnx, export_pretrained
 from metricsearch.train.losses.pair_weight_plots import inspect_loss
+from metricsearch.train.quantize import QuantizeReport, quantize_onnx
 from metricsearch.train.trainer import RunExistsError, RunResult, TrainingError, train
 
-__all__ = ["ExportReport", "RunExistsError", "RunResult", "TrainingError", "export_onnx", "export_pretrained",
-           "inspect_loss", "load_config", "train"]
+__all__ = ["ExportReport", "QuantizeReport", "RunExistsError", "RunResult", "TrainingError", "export_onnx",
+           "export_pretrained", "inspect_loss", "load_config", "quantize_onnx", "train"]

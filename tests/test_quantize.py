@@ -1,0 +1,45 @@
+"""`metricsearch quantize`: an int8 copy of an exported model, calibrated on real images, close to the float32 one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from metricsearch.app.cli import main
+from metricsearch.data import load_image_set
+from metricsearch.evaluation import evaluate
+from metricsearch.models import OnnxEmbedder
+from metricsearch.train import quantize_onnx
+from metricsearch.train.export import ExportError
+
+
+def test_the_int8_model_keeps_the_metadata_and_the_neighbours(digits_onnx: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "digits8.onnx"
+    assert main(["quantize", str(digits_onnx), "--out", str(out), "--images", "digits", "--count", "128"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["onnx"] == str(out) and printed["calibration_images"] == 128
+    ops = {node.op_type for node in onnx.load(str(out)).graph.node}
+    assert "QLinearConv" in ops and "Conv" not in ops, ops  # the convolutions really run in int8
+    fp32, int8 = OnnxEmbedder(digits_onnx, device="cpu"), OnnxEmbedder(out, device="cpu")
+    assert int8.preprocessing == fp32.preprocessing and int8.dim == fp32.dim
+    assert "calibrated on 128 images of digits" in int8.metadata["quantized"]
+    test = load_image_set("digits", "test")
+    a, b = fp32.embed_set(test), int8.embed_set(test)
+    cosines = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cosines.min() >= printed["min_cosine"] - 0.05 and printed["min_cosine"] >= 0.9
+    r1_fp32 = evaluate(a, test.labels, recall_k=(1,), with_nmi=False)["recall_at_k"][1]
+    r1_int8 = evaluate(b, test.labels, recall_k=(1,), with_nmi=False)["recall_at_k"][1]
+    assert r1_int8 >= r1_fp32 - 0.02, (r1_int8, r1_fp32)
+
+
+def test_a_model_that_strays_writes_nothing(digits_onnx: Path, tmp_path: Path) -> None:
+    out = tmp_path / "digits8.onnx"
+    with pytest.raises(ExportError, match="strays from the float32 one"):
+        quantize_onnx(digits_onnx, out, "digits", count=32, min_cosine=1.01)
+    assert not out.exists()
+    out.write_bytes(b"keep")
+    assert main(["quantize", str(digits_onnx), "--out", str(out), "--images", "digits"]) == 2
+    assert out.read_bytes() == b"keep"
