@@ -26,11 +26,11 @@ class QuantizeReport:
     mean_cosine: float
 
 
-def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *, count: int = 256, min_cosine: float = 0.9,
-                  overwrite: bool = False) -> QuantizeReport:
+def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *, count: int = 256,
+                  min_cosine: float = 0.9, overwrite: bool = False) -> QuantizeReport:
     """Write an int8 copy of an exported model to `out`: int8 weights (per channel) and activations, their
-    ranges calibrated on `count` images of `images` (a spec or an ImageSet), the metadata kept; ExportError (and nothing
-    written) when an image's int8 embedding has a cosine below `min_cosine` to its float32 one."""
+    ranges calibrated on `count` images of `images` (a spec or an ImageSet), the metadata kept; ExportError
+    (and nothing written) when an image's int8 embedding has a cosine below `min_cosine` to its float32 one."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
