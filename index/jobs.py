@@ -264,8 +264,9 @@ class Editor:
     """The changes of one open gallery, made under its writer lock: `add`, `remove`, `rebuild`,
     `checkpoint`; `gallery` searches it and sees each change as it commits. Made by `edit_gallery`."""
 
-    def __init__(self, db: Path, store: Store, gallery: Gallery) -> None:
+    def __init__(self, db: Path, store: Store, gallery: Gallery, repaired: bool = False) -> None:
         self.db, self.store, self.gallery = db, store, gallery
+        self.repaired = repaired  # the faiss file could not serve and was rebuilt on opening
 
     def add(self, images: str, options: IndexOptions | None = None, **overrides: Any) -> JobSummary:
         """Index the images of a spec into the gallery (see `add_images`); searches see each batch as it commits."""
@@ -329,13 +330,14 @@ def edit_gallery(db: str | Path, *, model: str | Path | None = None, device: str
     with ExitStack() as stack:
         stack.enter_context(job_lock(db))
         store = stack.enter_context(Store.opened(db, writable=True))
+        repaired = False
         try:
             gallery = Gallery(db, store, model, device)
         except UnusableIndex as exc:
             log.warning("%s; rebuilding it from the stored embeddings now", str(exc).split(": run ")[0])
             build_faiss(store, db, None, select_device(device))
-            gallery = Gallery(db, store, model, device)
-        yield Editor(db, store, stack.enter_context(gallery))
+            gallery, repaired = Gallery(db, store, model, device), True
+        yield Editor(db, store, stack.enter_context(gallery), repaired)
 
 
 def add_images(db: str | Path, images: str, options: IndexOptions | None = None, *, model: str | Path | None = None,
@@ -359,5 +361,6 @@ def rebuild_index(db: str | Path, index: str | None = None, device: str = "auto"
     """Build the faiss index again from the stored embeddings (as `index`, or the type asked for before);
     drops ids removed from an index that cannot remove. Returns the gallery's info."""
     with edit_gallery(db, device=device) as editor:
-        editor.rebuild(index)
+        if index is not None or not editor.repaired:  # a repair on opening already built the same type
+            editor.rebuild(index)
         return editor.gallery.info()

@@ -69,6 +69,7 @@ def test_a_deleted_or_damaged_faiss_file_is_named_and_every_job_recovers(gallery
 def test_rebuild_add_and_resume_work_with_no_faiss_file_at_all(gallery_source, digits_onnx, tmp_path, capsys,
                                                                command) -> None:
     db = copy_of(gallery_source, tmp_path)
+    generation = int(faiss_files(db)[0].stem.split("-")[1])
     shutil.rmtree(db / "index")
     args = {"rebuild": ["index", "rebuild", "--db", str(db)],
             "add": ["index", "add", "--db", str(db), "--images", f"files:{gallery_source[1]}", "--json"],
@@ -77,6 +78,8 @@ def test_rebuild_add_and_resume_work_with_no_faiss_file_at_all(gallery_source, d
     assert main(args) == 0, capsys.readouterr().err
     check = verify_gallery(db)
     assert check["ok"] and check["count"] == (126 if command == "add" else 120), check
+    if command == "rebuild":  # built once: the repair on opening is the rebuild
+        assert int(faiss_files(db)[0].stem.split("-")[1]) == generation + 1
 
 
 def damage_pages(path: Path, seed: int, pages: int = 30) -> None:
