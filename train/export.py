@@ -7,6 +7,7 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ from metricsearch.data import load_image_set
 from metricsearch.models.torch_embedder import Embedder, load_checkpoint, resolve_checkpoint
 from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
 from metricsearch.train.runs import run_split, sample_batch
+
+if TYPE_CHECKING:
+    import onnx
 
 INPUT_NAME, OUTPUT_NAME = "images", "embeddings"
 
@@ -34,6 +38,13 @@ class ExportReport:
     max_abs_diff: float
     batch_size: int
     embedding_dim: int
+
+
+def add_metadata(proto: onnx.ModelProto, entries: dict[str, str]) -> None:
+    """Add `entries` to an ONNX model's metadata under the keys the ONNX embedder reads (prefixed)."""
+    for key, value in entries.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = METADATA_PREFIX + key, value
 
 
 def check_parity(model: Embedder, onnx_path: str | Path, batch: np.ndarray, atol: float = 1e-4) -> float:
@@ -104,9 +115,7 @@ def export_onnx(
         "version": metricsearch.__version__,
         "source": source,
     }
-    for key, value in meta.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = METADATA_PREFIX + key, value
+    add_metadata(proto, meta)
     proto.producer_name = "metricsearch"
     onnx.checker.check_model(proto)
     onnx.save(proto, str(out))

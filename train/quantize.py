@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from metricsearch.data import ImageSet, load_image_set
-from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
-from metricsearch.train.export import ExportError, check_out
+from metricsearch.models.onnx_embedder import OnnxEmbedder
+from metricsearch.train.export import ExportError, add_metadata, check_out
 from metricsearch.train.runs import sample_batch
 
 
@@ -62,8 +62,7 @@ def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *,
         proto = onnx.load(str(quantized))
         del proto.metadata_props[:]
         proto.metadata_props.extend(onnx.load(str(source.path)).metadata_props)
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = METADATA_PREFIX + "quantized", f"int8, calibrated on {len(batch)} images of {what}"
+        add_metadata(proto, {"quantized": f"int8, calibrated on {len(batch)} images of {what}"})
         onnx.save(proto, str(quantized))
         cosines = _cosines(source.embed_arrays(batch), OnnxEmbedder(quantized, device="cpu").embed_arrays(batch))
         if cosines.min() < min_cosine:
