@@ -12,7 +12,7 @@ import torch
 from metricsearch.app.cli import main
 from metricsearch.models.torch_embedder import build_embedder
 from metricsearch.train import losses
-from metricsearch.train.config import DEFAULTS, load_config, validate_config
+from metricsearch.train.config import DEFAULTS, load_config, typed_config, validate_config
 from metricsearch.train.optim import build_optimizer, build_schedule
 from metricsearch.train.trainer import train
 
@@ -73,10 +73,19 @@ def test_every_section_suggests_the_close_key(override, named):
     ("eval.every=0", "eval.every must be an integer >= 1, got 0"),
     ("log_every=0.5", "log_every must be an integer >= 1"),
     ("batches_per_epoch=0", "batches_per_epoch must be an integer >= 1"),
+    ("amp=on", "config key amp must be 'auto', 'off', 'bf16' or 'fp16', got True"),
+    ("split=train", "config key split must be 'test', 'swap' or 'all', got 'train'"),
+    ("channels_last=maybe", "config key channels_last must be auto, true or false, got 'maybe'"),
 ])
 def test_wrong_names_and_values_are_value_errors(override, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         load_config(None, [override])
+
+
+def test_amp_off_as_yaml_reads_it_a_bare_word_from_a_file_or_set(tmp_path):
+    (tmp_path / "off.yaml").write_text("amp: off\n")
+    assert typed_config(load_config(tmp_path / "off.yaml")).amp == "off"
+    assert typed_config(load_config(None, ["amp=bf16", "amp=off"])).amp == "off"
 
 
 def test_optional_components_and_a_new_name_drop_the_old_parameters():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from metricsearch.models.onnx_embedder import cuda_fallback_notice, cuda_provider_problem, select_providers
-from metricsearch.train.device import amp_dtype, resolve_device
+from metricsearch.train.device import amp_dtype, memory_format, resolve_device
 
 
 def test_auto_device_follows_cuda_availability() -> None:
@@ -47,6 +47,26 @@ def test_amp_is_off_on_cpu_and_explicit_choices_win() -> None:
 def test_amp_auto_on_cuda_prefers_bf16() -> None:
     expected = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     assert amp_dtype(torch.device("cuda"), "auto") is expected
+
+
+def test_channels_last_is_on_for_cuda_and_where_asked() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert memory_format(cuda, "auto") is torch.channels_last
+    assert memory_format(cpu, "auto") is torch.contiguous_format
+    assert memory_format(cpu, True) is torch.channels_last
+    assert memory_format(cuda, False) is torch.contiguous_format
+    with pytest.raises(ValueError, match="channels_last"):
+        memory_format(cpu, "yes")
+
+
+def test_the_trainer_lays_the_model_out_as_the_config_says() -> None:
+    from metricsearch.train.config import load_config, typed_config
+    from metricsearch.train.trainer import build_setup
+
+    for setting, layout in ((True, torch.channels_last), (False, torch.contiguous_format)):
+        setup = build_setup(typed_config(load_config(None, ["model.dim=16", f"channels_last={setting}"])))
+        conv = next(m for m in setup.model.modules() if isinstance(m, torch.nn.Conv2d))
+        assert setup.layout is layout and conv.weight.is_contiguous(memory_format=layout)
 
 
 def test_onnx_providers_prefer_cuda_when_present_and_fall_back_to_cpu() -> None:

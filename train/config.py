@@ -37,6 +37,20 @@ def _at_least(least: int) -> BeforeValidator:
 
 Count = Annotated[int, _at_least(1)]
 Device = Annotated[str, BeforeValidator(check_device)]
+
+
+def _auto_or_bool(value: Any) -> Any:
+    """`value` if it is auto, true or false (YAML's on / off / yes / no included); a ValueError otherwise."""
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ValueError("must be auto, true or false")
+
+
+def _off_for_false(value: Any) -> Any:
+    """`off` for false (YAML reads a bare `off`, as in `amp: off` or `--set amp=off`, as false), else `value`."""
+    return "off" if value is False else value
+
+
 #: a `{name: ..., **params}` section; its parameters are typed by the component its name picks
 Component = dict[str, Any]
 
@@ -119,7 +133,10 @@ class TrainConfig(Section):
     schedule: Component
     epochs: Count
     batches_per_epoch: Count | None = None
-    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
+    amp: Annotated[Literal["auto", "off", "bf16", "fp16"], BeforeValidator(_off_for_false)] = "auto"
+    # channels-last weights and batches: auto = on CUDA; true also on the CPU (faster there with oneDNN, but
+    # check the model's gradients: docs/command-line.md)
+    channels_last: Annotated[Literal["auto"] | bool, BeforeValidator(_auto_or_bool)] = "auto"
     num_workers: Annotated[int, _at_least(0)] = 0
     cache_images: bool = True
     # V > 0 (with model.freeze): the frozen trunk's outputs for V augmented views of each training image are
@@ -302,8 +319,9 @@ def _validated(schema: type[BaseModel], values: dict[str, Any], where: str) -> A
                 key[-1] += f"[{part}]"
                 value = value[part]
         message = error["msg"].removeprefix("Value error, ")
-        if message.startswith("Input should be "):
-            message = "must be " + message.removeprefix("Input should be ").split(",")[0]
+        if message.startswith("Input should be "):  # keep a choice's every option, drop a type's ", unable to ..."
+            expected = message.removeprefix("Input should be ")
+            message = "must be " + (expected if error["type"] == "literal_error" else expected.split(",")[0])
         text = f"config key {where}{'.'.join(key)}" + (f" {message}" if message.startswith("must") else f": {message}")
         raise ValueError(text if ", got " in message else f"{text}, got {_short(value)}") from None
 

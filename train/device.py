@@ -19,6 +19,15 @@ def resolve_device(name: str = "auto", cuda_available: bool | None = None) -> to
     return torch.device(name)
 
 
+def memory_format(device: torch.device, setting: str | bool = "auto") -> torch.memory_format:
+    """The layout of the weights and batches: channels-last where asked (`auto`: on CUDA only), else contiguous."""
+    if setting not in ("auto", True, False):
+        raise ValueError(f"channels_last must be auto, true or false, got {setting!r}")
+    if setting is True or (setting == "auto" and device.type == "cuda"):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 def amp_dtype(device: torch.device, setting: str = "auto") -> torch.dtype | None:
     """The autocast dtype: bf16 where the GPU supports it, else fp16; None (full precision) on CPU."""
     if setting not in ("auto", "off", "bf16", "fp16"):

@@ -28,7 +28,7 @@ from metricsearch.train.board import Board
 from metricsearch.train.config import DEFAULTS, TrainConfig, typed_config
 from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
-from metricsearch.train.device import amp_dtype, resolve_device
+from metricsearch.train.device import amp_dtype, memory_format, resolve_device
 from metricsearch.train.distributed import (
     DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
 )
@@ -92,6 +92,7 @@ class Setup:
     dataset: ImageDataset
     trunk_cache: TrunkCache | None = None  # config trunk_cache: the steps train on cached trunk outputs
     memory: CrossBatchMemory | None = None  # config memory.size > 0: the loss also compares with earlier batches
+    layout: torch.memory_format = torch.contiguous_format  # of the model's weights and the batches (memory_format)
 
 
 @dataclass
@@ -171,8 +172,8 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     loss.to(device)
     if memory is not None:
         memory.to(device)
-    if device.type == "cuda":
-        model.to(memory_format=torch.channels_last)
+    layout = memory_format(device, config.channels_last)
+    model.to(memory_format=layout)
     optimizer = build_optimizer(config.optimizer, model, loss)
     scheduler = build_schedule(config.schedule, optimizer, len(sampler), config.epochs)
     scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
@@ -185,7 +186,7 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
         cache = build_trunk_cache(model, dataset, config.trunk_cache, config.seed, device,
                                   num_workers=config.num_workers, autocast=autocast, progress=progress)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
-                 weighting, optimizer, scheduler, scaler, dataset, cache, memory)
+                 weighting, optimizer, scheduler, scaler, dataset, cache, memory, layout)
 
 
 def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
@@ -273,8 +274,8 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
     device = setup.device
     cuda = device.type == "cuda"  # pinned batches: the copies need not wait
     images = images.to(device, non_blocking=cuda)
-    if cuda:
-        images = images.contiguous(memory_format=torch.channels_last)
+    if images.dim() == 4:
+        images = images.contiguous(memory_format=setup.layout)
     labels = labels.to(device, non_blocking=cuda)
     with torch.autocast(device.type, dtype=setup.autocast or torch.float32, enabled=setup.autocast is not None):
         emb = setup.forward(images) if setup.trunk_cache is None else setup.model.embed_from_trunk(images)
