@@ -137,8 +137,11 @@ def test_training_interrupted_with_ctrl_c_resumes(tmp_path) -> None:
     args = [sys.executable, "-m", "metricsearch", "train", "--quiet", "--epochs", "12", "--output-dir", str(tmp_path),
             "--set", "eval.nmi=false", "batches_per_epoch=2", "model.dim=16"]
     # the trainer waits before step 5 (the first of epoch 3), however fast the machine: Ctrl-C lands there
+    # a runner started in the background (`pytest &` in a script) ignores SIGINT, and children inherit that:
+    # the training gets Ctrl-C's default handling back, as in a terminal
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "METRICSEARCH_PAUSE_AT_STEP": "5"})
+                            env={**os.environ, "METRICSEARCH_PAUSE_AT_STEP": "5"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     while not seen or "paused before step 5" not in seen[-1]:
         seen.append(proc.stderr.readline())
