@@ -18,17 +18,17 @@ and on its cached frozen trunk; each in float32 and bfloat16).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from metricsearch.train.config import load_config, typed_config
-from metricsearch.train.trainer import Setup, build_setup, train_step
+from metricsearch.train.trainer import Setup, build_setup, epoch_batches, train_step
 
 #: label -> (config, overrides): the shipped recipes on their data (the grocery photos from ../shared/data)
 CASES = {
@@ -37,36 +37,19 @@ CASES = {
     "grocery efficientnet_lite0 224 px, whole": ("grocery", ["model.freeze=0", "trunk_cache=0", "num_workers=0"]),
     "grocery efficientnet_lite0 224 px, trunk cache": ("grocery", ["num_workers=0", "trunk_cache=1"]),
 }
-LAYOUTS = {"contiguous": torch.contiguous_format, "channels-last": torch.channels_last}
+LAYOUTS = {"contiguous": False, "channels-last": True}  # the config's channels_last
 
 
 def setups(config: str, overrides: list[str]) -> dict[str, Setup]:
-    """The trainer's setup for `config` once per layout (the model weights converted, the steps told)."""
-    out = {}
-    for name, layout in LAYOUTS.items():
-        setup = build_setup(typed_config(load_config(config, overrides)))
-        setup.model.to(memory_format=layout)
-        out[name] = replace(setup, layout=layout)
-    return out
+    """The trainer's setup for `config` once per layout (its channels_last key set)."""
+    return {name: build_setup(typed_config(load_config(config, [*overrides, f"channels_last={value}"])))
+            for name, value in LAYOUTS.items()}
 
 
 def batches(setup: Setup, count: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """`count` training batches as the trainer draws them (from the trunk cache when it has one)."""
-    from metricsearch.train.trainer import cached_batches
-    from torch.utils.data import DataLoader
-
+    """The first `count` training batches of epoch 0, as the trainer draws them."""
     setup.sampler.set_epoch(0)
-    if setup.trunk_cache is not None:
-        loader = cached_batches(setup.trunk_cache, setup.sampler, setup.split.train.labels,
-                                torch.Generator().manual_seed(0))
-    else:
-        loader = DataLoader(setup.dataset, batch_sampler=setup.sampler)
-    out = []
-    for batch in loader:
-        out.append(batch)
-        if len(out) == count:
-            return out
-    return out
+    return list(itertools.islice(epoch_batches(setup, seed=0), count))
 
 
 def gradient_error(setup: Setup, images: torch.Tensor, layout: torch.memory_format, count: int = 8) -> float:
@@ -97,9 +80,10 @@ def gradient_error(setup: Setup, images: torch.Tensor, layout: torch.memory_form
 def time_steps(arms: dict[str, Setup], data: list, warmup: int) -> dict[str, float]:
     """Images per second of each arm: the median over the batches after `warmup`, arms alternating."""
     seconds: dict[str, list[float]] = {name: [] for name in arms}
+    for setup in arms.values():
+        setup.model.train()
     for images, labels, indices in data:
         for name, setup in arms.items():
-            setup.model.train()
             t0 = time.perf_counter()
             train_step(setup, images, labels, indices).item()
             seconds[name].append(time.perf_counter() - t0)

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -233,12 +233,7 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     epoch_seed = config.seed * 100_003 + epoch
     seed_everything(epoch_seed)  # per-epoch seeding makes --resume exact
     setup.sampler.set_epoch(epoch)
-    if setup.trunk_cache is not None:
-        loader = cached_batches(setup.trunk_cache, setup.sampler, setup.split.train.labels,
-                                torch.Generator().manual_seed(epoch_seed))
-    else:
-        loader = DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=config.num_workers,
-                            pin_memory=setup.device.type == "cuda")
+    loader = epoch_batches(setup, epoch_seed)
     setup.model.train()
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=None if progress else True,
                unit="batch", leave=False, total=len(setup.sampler))
@@ -257,6 +252,16 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     mean = finite_mean(total, steps, checked, epoch, run_dir)
     return {"epoch": epoch + 1, "loss": mean, "images_per_s": seen / (time.perf_counter() - t0),
             "lr": setup.scheduler.get_last_lr()[0], "world_size": setup.dist.world_size}
+
+
+def epoch_batches(setup: Setup, seed: int) -> Iterable[tuple[Tensor, Tensor, Tensor]]:
+    """(images, labels, indices) of the sampler's batches for its current epoch, as the steps take them: from the
+    trunk cache (a view per image drawn with `seed`) when there is one, else loaded and augmented."""
+    if setup.trunk_cache is not None:
+        return cached_batches(setup.trunk_cache, setup.sampler, setup.split.train.labels,
+                              torch.Generator().manual_seed(seed))
+    return DataLoader(setup.dataset, batch_sampler=setup.sampler, num_workers=setup.config.num_workers,
+                      pin_memory=setup.device.type == "cuda")
 
 
 def cached_batches(
