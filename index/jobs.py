@@ -264,9 +264,8 @@ class Editor:
     """The changes of one open gallery, made under its writer lock: `add`, `remove`, `rebuild`,
     `checkpoint`; `gallery` searches it and sees each change as it commits. Made by `edit_gallery`."""
 
-    def __init__(self, db: Path, store: Store, gallery: Gallery, repaired: bool = False) -> None:
+    def __init__(self, db: Path, store: Store, gallery: Gallery) -> None:
         self.db, self.store, self.gallery = db, store, gallery
-        self.repaired = repaired  # the faiss file could not serve and was rebuilt on opening
 
     def add(self, images: str, options: IndexOptions | None = None, **overrides: Any) -> JobSummary:
         """Index the images of a spec into the gallery (see `add_images`); searches see each batch as it commits."""
@@ -322,22 +321,25 @@ class Editor:
 
 
 @contextmanager
-def edit_gallery(db: str | Path, *, model: str | Path | None = None, device: str = "auto") -> Iterator[Editor]:
+def edit_gallery(db: str | Path, *, model: str | Path | None = None, device: str = "auto", rebuild: bool = False,
+                 index: str | None = None) -> Iterator[Editor]:
     """A built gallery open for changes for the block: its writer lock held, its LMDB writable (both
-    released after); `model` is refused unless it is the gallery's. A faiss file that cannot serve
-    is rebuilt from the stored embeddings first."""
+    released after); `model` is refused unless it is the gallery's. With `rebuild`, its faiss index is
+    built again from the stored embeddings first (as `index`, by default the type asked for before);
+    a faiss file that cannot serve is rebuilt that way too."""
     db = Path(db)
     with ExitStack() as stack:
         stack.enter_context(job_lock(db))
         store = stack.enter_context(Store.opened(db, writable=True))
-        repaired = False
+        if rebuild:
+            build_faiss(store, db, index, select_device(device), job_record("rebuild"))
         try:
             gallery = Gallery(db, store, model, device)
         except UnusableIndex as exc:
             log.warning("%s; rebuilding it from the stored embeddings now", str(exc).split(": run ")[0])
-            build_faiss(store, db, None, select_device(device))
-            gallery, repaired = Gallery(db, store, model, device), True
-        yield Editor(db, store, stack.enter_context(gallery), repaired)
+            build_faiss(store, db, index, select_device(device))
+            gallery = Gallery(db, store, model, device)
+        yield Editor(db, store, stack.enter_context(gallery))
 
 
 def add_images(db: str | Path, images: str, options: IndexOptions | None = None, *, model: str | Path | None = None,
@@ -360,7 +362,5 @@ def remove_items(db: str | Path, ids: Sequence[int] | None = None, label: str | 
 def rebuild_index(db: str | Path, index: str | None = None, device: str = "auto") -> dict:
     """Build the faiss index again from the stored embeddings (as `index`, or the type asked for before);
     drops ids removed from an index that cannot remove. Returns the gallery's info."""
-    with edit_gallery(db, device=device) as editor:
-        if index is not None or not editor.repaired:  # a repair on opening already built the same type
-            editor.rebuild(index)
+    with edit_gallery(db, device=device, rebuild=True, index=index) as editor:
         return editor.gallery.info()

@@ -12,7 +12,7 @@ import pytest
 from index_data import cli, one_line, write_flat_folder
 
 from metricsearch.app.cli import main
-from metricsearch.index import Gallery, build_gallery, verify_gallery
+from metricsearch.index import Gallery, build_gallery, gallery_info, verify_gallery
 
 PAGE = 4096
 
@@ -65,21 +65,24 @@ def test_a_deleted_or_damaged_faiss_file_is_named_and_every_job_recovers(gallery
     assert check["ok"] and check["count"] == 119, check
 
 
-@pytest.mark.parametrize("command", ["rebuild", "add", "build --resume"])
+@pytest.mark.parametrize("command", ["rebuild", "rebuild --index hnsw", "add", "build --resume"])
 def test_rebuild_add_and_resume_work_with_no_faiss_file_at_all(gallery_source, digits_onnx, tmp_path, capsys,
                                                                command) -> None:
     db = copy_of(gallery_source, tmp_path)
     generation = int(faiss_files(db)[0].stem.split("-")[1])
     shutil.rmtree(db / "index")
     args = {"rebuild": ["index", "rebuild", "--db", str(db)],
+            "rebuild --index hnsw": ["index", "rebuild", "--db", str(db), "--index", "hnsw"],
             "add": ["index", "add", "--db", str(db), "--images", f"files:{gallery_source[1]}", "--json"],
             "build --resume": ["index", "build", "--model", str(digits_onnx), "--db", str(db), "--resume", "--json",
                                "--images", f"files:{gallery_source[0].parent / 'imgs'}", "--batch", "32"]}[command]
     assert main(args) == 0, capsys.readouterr().err
     check = verify_gallery(db)
     assert check["ok"] and check["count"] == (126 if command == "add" else 120), check
-    if command == "rebuild":  # built once: the repair on opening is the rebuild
+    if command.startswith("rebuild"):  # built once, as asked: no repair of the old type before the rebuild
         assert int(faiss_files(db)[0].stem.split("-")[1]) == generation + 1
+        info = gallery_info(db)
+        assert info["last_job"]["command"] == "rebuild" and ("HNSW" in info["index_type"]) == ("hnsw" in command), info
 
 
 def damage_pages(path: Path, seed: int, pages: int = 30) -> None:
