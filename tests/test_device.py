@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,11 +38,30 @@ def test_amp_is_off_on_cpu_and_explicit_choices_win() -> None:
     cpu = torch.device("cpu")
     assert amp_dtype(cpu, "auto") is None
     assert amp_dtype(cpu, "off") is None
-    assert amp_dtype(cpu, "bf16") is torch.bfloat16
+    assert amp_dtype(cpu, "bf16", cpu_bf16=True) is torch.bfloat16
     assert amp_dtype(torch.device("cuda"), "fp16") is torch.float16
     assert amp_dtype(torch.device("cuda"), "off") is None
     with pytest.raises(ValueError, match="amp"):
         amp_dtype(cpu, "fp8")
+
+
+def test_amp_bf16_falls_back_to_float32_on_a_cpu_without_bf16_instructions(caplog) -> None:
+    assert amp_dtype(torch.device("cpu"), "bf16", cpu_bf16=False) is None
+    assert "training in float32" in caplog.text and "AVX512-BF16" in caplog.text
+    assert amp_dtype(torch.device("cuda"), "bf16", cpu_bf16=False) is torch.bfloat16  # the GPU decides there
+
+
+@pytest.mark.parametrize("limit", ["AVX2", "AVX512_CORE"])
+def test_bf16_detection_follows_onednns_isa_limit_and_the_trainer_falls_back(limit) -> None:
+    probe = ("from metricsearch.train.device import cpu_has_native_bf16; "
+             "from metricsearch.train.config import load_config, typed_config; "
+             "from metricsearch.train.trainer import build_setup; "
+             "s = build_setup(typed_config(load_config(None, ['amp=bf16', 'model.dim=16']))); "
+             "print(cpu_has_native_bf16(), s.autocast)")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": limit}  # the oneDNN of a CPU without bf16 instructions
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "None"], out.stdout
+    assert "training in float32" in out.stderr
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
