@@ -35,7 +35,8 @@ ISAS = ["native", "AVX512_CORE", "AVX2"]
 def measure(case: str, steps: int, warmup: int) -> dict:
     """Images per second of float32 and forced-bf16 steps in this process (its oneDNN ISA limit)."""
     config, overrides = CASES[case]
-    arms = {name: build_setup(typed_config(load_config(config, [*overrides, "amp=off"]))) for name in ("float32", "bf16")}
+    arms = {name: build_setup(typed_config(load_config(config, [*overrides, "amp=off"])))
+            for name in ("float32", "bf16")}
     arms["bf16"].autocast = torch.bfloat16  # forced: amp: bf16 itself would fall back to float32 where bf16 is slow
     speed = time_steps(arms, batches(arms["float32"], steps + warmup), warmup)
     return {"case": case, "native_bf16": cpu_has_native_bf16(), **speed, "ratio": speed["bf16"] / speed["float32"]}

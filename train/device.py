@@ -45,7 +45,8 @@ def cpu_has_native_bf16() -> bool:
         return False
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return True
-    return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
 def amp_dtype(device: torch.device, setting: str = "auto", cpu_bf16: bool | None = None) -> torch.dtype | None:
