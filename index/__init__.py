@@ -5,7 +5,7 @@
     add_images(db, images, IndexOptions(...))            add images to a gallery
     remove_items(db, ids=... | label=...)  remove items
     rebuild_index(db, index=None)          build the faiss index again from the stored embeddings
-    edit_gallery(db)                       a gallery open for changes (writer lock held): add, remove, rebuild
+    edit_gallery(db, rebuild=False)        a gallery open for changes (writer lock held): add, remove; rebuilt first
     gallery_info(db) / verify_gallery(db)  what a gallery holds / whether LMDB, faiss and model agree
     evaluate_gallery(db)                   Recall@K, MAP@R, NMI of a labelled gallery through its index
     find_duplicates(db, threshold)         groups of near-duplicate items (edited copies), largest first

@@ -261,8 +261,8 @@ def _prepare(store: Store, db: Path, model: Path, embedder: OnnxEmbedder, images
 
 
 class Editor:
-    """The changes of one open gallery, made under its writer lock: `add`, `remove`, `rebuild`,
-    `checkpoint`; `gallery` searches it and sees each change as it commits. Made by `edit_gallery`."""
+    """The changes of one open gallery, made under its writer lock: `add`, `remove`, `checkpoint`; `gallery`
+    searches it and sees each change as it commits. Made by `edit_gallery` (which also rebuilds its index)."""
 
     def __init__(self, db: Path, store: Store, gallery: Gallery) -> None:
         self.db, self.store, self.gallery = db, store, gallery
@@ -298,12 +298,6 @@ class Editor:
         self.gallery.refresh()
         self.checkpoint()
         return removed
-
-    def rebuild(self, index: str | None = None) -> dict:
-        """Build the faiss index again from the stored embeddings (removed ids dropped; `index`: a new type)."""
-        header = build_faiss(self.store, self.db, index, self.gallery.faiss_device, job_record("rebuild"))
-        self.gallery.refresh()  # the new generation: loaded from the new file
-        return header
 
     def checkpoint(self) -> Path:
         """Save the searched index as the faiss file of the current version; trim the change log."""
