@@ -16,21 +16,32 @@ IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 
 class SmallCNN(nn.Module):
-    """Four conv-BN-ReLU-pool blocks then global average pooling; trains in minutes on a CPU."""
+    """Four conv-BN-ReLU-pool blocks then average pooling; trains in minutes on a CPU."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64) -> None:
+    def __init__(self, in_channels: int = 1, width: int = 64, grid: int = 1) -> None:
+        """`grid` G: the last feature map is averaged over G x G cells, concatenated (1: global average pooling)."""
         super().__init__()
+        if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+            raise ValueError(f"small_cnn grid must be an integer >= 1, got {grid!r}")
         chans = [in_channels, width, width * 2, width * 2, width * 4]
         blocks = []
         for cin, cout in zip(chans[:-1], chans[1:]):
             blocks += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
                        nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True)]
         self.features = nn.Sequential(*blocks)
-        self.out_features = chans[-1]
+        self.grid = grid
+        self.out_features = chans[-1] * grid * grid
 
     def forward(self, x: Tensor) -> Tensor:
         """Feature vectors, batch x out_features."""
-        return self.features(x).mean(dim=(2, 3))
+        x = self.features(x)
+        if self.grid == 1:
+            return x.mean(dim=(2, 3))
+        height, width = (int(n) for n in x.shape[2:])
+        if height % self.grid or width % self.grid:
+            raise ValueError(f"small_cnn grid {self.grid} does not divide its last feature map ({height} x {width}); "
+                             "choose an input size whose map it divides (28 or 32 px: a 2 x 2 map)")
+        return nn.functional.avg_pool2d(x, (height // self.grid, width // self.grid)).flatten(1)
 
 
 class ResidualBlock(nn.Module):
@@ -85,11 +96,11 @@ class PretrainedBackbone(nn.Module):
 
 
 @BACKBONES.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 64, pretrained: str | None = None) -> nn.Module:
-    """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
+def small_cnn(in_channels: int = 1, width: int = 64, grid: int = 1, pretrained: str | None = None) -> nn.Module:
+    """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path); `grid` as in SmallCNN."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    return _load_file(SmallCNN(in_channels, width), pretrained)
+    return _load_file(SmallCNN(in_channels, width, grid), pretrained)
 
 
 @BACKBONES.register("small_resnet")
