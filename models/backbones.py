@@ -16,32 +16,21 @@ IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 
 class SmallCNN(nn.Module):
-    """Four conv-BN-ReLU-pool blocks then average pooling; trains in minutes on a CPU."""
+    """Four conv-BN-ReLU-pool blocks then global average pooling; trains in minutes on a CPU."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64, grid: int = 1) -> None:
-        """`grid` G: the last feature map is averaged over G x G cells, concatenated (1: global average pooling)."""
+    def __init__(self, in_channels: int = 1, width: int = 64) -> None:
         super().__init__()
-        if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-            raise ValueError(f"small_cnn grid must be an integer >= 1, got {grid!r}")
         chans = [in_channels, width, width * 2, width * 2, width * 4]
         blocks = []
         for cin, cout in zip(chans[:-1], chans[1:]):
             blocks += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
                        nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True)]
         self.features = nn.Sequential(*blocks)
-        self.grid = grid
-        self.out_features = chans[-1] * grid * grid
+        self.out_features = chans[-1]
 
     def forward(self, x: Tensor) -> Tensor:
         """Feature vectors, batch x out_features."""
-        x = self.features(x)
-        if self.grid == 1:
-            return x.mean(dim=(2, 3))
-        height, width = (int(n) for n in x.shape[2:])
-        if height % self.grid or width % self.grid:
-            raise ValueError(f"small_cnn grid {self.grid} does not divide its last feature map ({height} x {width}); "
-                             "choose an input size whose map it divides (28 or 32 px: a 2 x 2 map)")
-        return nn.functional.avg_pool2d(x, (height // self.grid, width // self.grid)).flatten(1)
+        return self.features(x).mean(dim=(2, 3))
 
 
 class ResidualBlock(nn.Module):
@@ -96,11 +85,11 @@ class PretrainedBackbone(nn.Module):
 
 
 @BACKBONES.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 64, grid: int = 1, pretrained: str | None = None) -> nn.Module:
-    """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path); `grid` as in SmallCNN."""
+def small_cnn(in_channels: int = 1, width: int = 64, pretrained: str | None = None) -> nn.Module:
+    """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    return _load_file(SmallCNN(in_channels, width, grid), pretrained)
+    return _load_file(SmallCNN(in_channels, width), pretrained)
 
 
 @BACKBONES.register("small_resnet")

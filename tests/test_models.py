@@ -116,22 +116,3 @@ def test_checkpoint_round_trip(tmp_path) -> None:
     with pytest.raises(ValueError, match="not a metricsearch checkpoint"):
         torch.save({"weights": 1}, tmp_path / "other.pt")
         load_embedder(tmp_path / "other.pt")
-
-
-def test_small_cnn_grid_concatenates_the_cell_means_of_its_last_map() -> None:
-    torch.manual_seed(0)
-    flat = BACKBONES.build("small_cnn", None, in_channels=1).eval()
-    grid = BACKBONES.build("small_cnn", None, in_channels=1, grid=2).eval()
-    grid.load_state_dict(flat.state_dict())
-    assert grid.out_features == 4 * flat.out_features
-    x = torch.randn(3, 1, 28, 28)
-    with torch.no_grad():
-        maps = flat.features(x)  # 28 px -> a 2 x 2 map
-        torch.testing.assert_close(flat(x), maps.mean(dim=(2, 3)))
-        cells = [maps[:, :, i, j] for i in range(2) for j in range(2)]  # each cell is one pixel of the map
-        expected = torch.stack(cells, dim=2).flatten(1)
-        torch.testing.assert_close(grid(x), expected)
-    with pytest.raises(ValueError, match="does not divide"):
-        BACKBONES.build("small_cnn", None, in_channels=1, grid=3)(x)
-    with pytest.raises(ValueError, match="grid must be an integer >= 1"):
-        BACKBONES.build("small_cnn", None, in_channels=1, grid=0)
