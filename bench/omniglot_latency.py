@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| model | views | episode: median ms | p90 ms | ratio to first | one query: median ms |\n"
           "|---|---:|---:|---:|---:|---:|")
     for label, t in times.items():
-        views = len(json.loads(models[label].metadata["model_config"]).get("tta_shifts") or [[0, 0]])
+        config = json.loads(models[label].metadata["model_config"])
+        views = len(config.get("tta_shifts") or [[0, 0]]) + len(config.get("tta_rotations") or [])
         print(f"| {label} | {views} | {1000 * np.median(t[:, 0]):.1f} | {1000 * np.percentile(t[:, 0], 90):.1f} | "
               f"{np.median(t[:, 0]) / ref:.2f} | {1000 * np.median(t[:, 1]):.1f} |")
     return 0

@@ -15,7 +15,7 @@ and query by two different drawers; Tagalog, with 17 characters, cannot hold a 2
 left out of it) and `across_alphabets` (20 characters from anywhere, easier). Episodes of both folds
 are pooled: error = mean episode error, with its 95% confidence interval; "vs current" is the paired
 difference to the current recipe (or the `--ref` row) on the very same episodes. The raw-pixel baseline
-needs no training. `--views LABEL SHIFTS` adds rows of the same weights scored with other test-time views.
+needs no training. `--views LABEL VIEWS` adds rows of the same weights scored with other test-time views.
 
 Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
 ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
@@ -102,11 +102,12 @@ def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]
 
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
-        views: dict[str, list[list[int]]] | None = None, reuse: bool = False) -> list[dict[str, Any]]:
+        views: dict[str, dict[str, list]] | None = None, reuse: bool = False) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
-    entry of `views` (label -> shifts; `no TTA` = none): the same weights scored with those views.
+    entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}; `no TTA` = none): the
+    same weights scored with those views.
     With `reuse`, a run already finished in `keep` under the same config is scored, not trained again."""
-    views = {"no TTA": [], **(views or {})}
+    views = {"no TTA": {"shifts": [], "rotations": []}, **(views or {})}
     splits = {fold: load_split(f"omniglot:{data}", split=FOLDS[fold]) for fold in folds}
     rows: list[dict[str, Any]] = []
     pixels = PixelEmbedder(28)
@@ -114,8 +115,8 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                  "errors": {fold: score(pixels.embed_set(s.test), s.test, episodes) for fold, s in splits.items()}})
     trained = [{"recipe": name, "what": RECIPES[name][2], "train_s": {}, "load": {}, "errors": {}} for name in recipes]
     twins = {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
-                             "what": f"same weights, test-time views {shifts or 'off'}"}
-             for name, row in zip(recipes, trained) for label, shifts in views.items()}
+                             "what": f"same weights, test-time views {spec if any(spec.values()) else 'off'}"}
+             for name, row in zip(recipes, trained) for label, spec in views.items()}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
         for fold, split in splits.items():  # fold by fold: a stopped run still compares recipes on whole folds
@@ -132,8 +133,9 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 timing.write_text(json.dumps(row["train_s"][fold]))
                 model = load_embedder(result.run_dir / "last.pt")
                 row["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
-                for label, shifts in views.items() if model.tta_shifts else ():
-                    model.tta_shifts = [(int(dx), int(dy)) for dx, dy in shifts]
+                for label, spec in views.items() if model.tta_shifts or model.tta_rotations else ():
+                    model.tta_shifts = [(int(dx), int(dy)) for dx, dy in spec["shifts"]]
+                    model.tta_rotations = [float(a) for a in spec["rotations"]]
                     twins[name, label]["epochs"] = config["epochs"]
                     twins[name, label]["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
                 e = row["errors"][fold]
@@ -206,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply every recipe's epochs by this (e.g. 0.25 for a quick ranking on busy cores)")
     parser.add_argument("--ref", default="current", help="the row that paired differences are taken against")
-    parser.add_argument("--views", nargs=2, action="append", default=[], metavar=("LABEL", "SHIFTS"),
+    parser.add_argument("--views", nargs=2, action="append", default=[], metavar=("LABEL", "VIEWS"),
                         help="an extra twin of every recipe with test-time views: the same weights scored with "
-                             "these shifts, a JSON list of [dx, dy] (e.g. '[[0, 0], [1, 0]]')")
+                             "these views, a JSON list of shifts [dx, dy] (e.g. '[[0, 0], [1, 0]]') or an object "
+                             "with shifts and rotations in degrees (e.g. '{\"shifts\": [[0, 0]], \"rotations\": "
+                             "[-15, 15]}')")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
     parser.add_argument("--reuse", action="store_true",
                         help="score runs already finished in --keep under the same config instead of training "
@@ -225,7 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.ref not in ("pixels", *recipes):
         parser.error(f"--ref {args.ref} is not among the rows: pixels, {', '.join(recipes)}")
     t0 = time.perf_counter()
-    views = {label: json.loads(shifts) for label, shifts in args.views}
+    views = {}
+    for label, text in args.views:
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as e:
+            parser.error(f"--views {label}: not JSON ({e})")
+        spec = {"shifts": spec} if isinstance(spec, list) else spec
+        if not isinstance(spec, dict) or set(spec) - {"shifts", "rotations"}:
+            parser.error(f"--views {label}: give a JSON list of shifts or an object with shifts and rotations")
+        views[label] = {"shifts": spec.get("shifts", []), "rotations": spec.get("rotations", [])}
     rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views,
                args.reuse)
     summary = summarise(rows, args.ref)

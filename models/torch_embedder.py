@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ class Embedder(ArrayEmbedder, nn.Module):
         self, backbone: str = "small_cnn", dim: int | None = 128, normalize: bool = True,
         preprocessing: Preprocessing | dict[str, Any] | None = None, pretrained: str | bool | None = None,
         backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None, freeze: int | None = None,
+        tta_rotations: list | None = None,
     ) -> None:
         """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
         the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one).
@@ -44,6 +46,9 @@ class Embedder(ArrayEmbedder, nn.Module):
         self.tta_shifts = [(int(dx), int(dy)) for dx, dy in (tta_shifts or [])]
         if self.tta_shifts:
             self.config["tta_shifts"] = [list(s) for s in self.tta_shifts]
+        self.tta_rotations = [float(a) for a in (tta_rotations or [])]
+        if self.tta_rotations:
+            self.config["tta_rotations"] = list(self.tta_rotations)
         self.trunk: Trunk | None = None
         if freeze is not None:
             self.trunk = split_backbone(self.backbone, freeze)
@@ -65,10 +70,10 @@ class Embedder(ArrayEmbedder, nn.Module):
         return self
 
     def forward(self, images: Tensor) -> Tensor:
-        """Embeddings for a batch of preprocessed images; in eval mode with `tta_shifts`, the mean of
-        the embeddings of the shifted views (test-time augmentation, part of the exported graph)."""
-        if self.tta_shifts and not self.training:
-            return shifted_views_mean(self._embed, images, self.tta_shifts, self.normalize)
+        """Embeddings for a batch of preprocessed images; in eval mode with `tta_shifts` or `tta_rotations`, the
+        mean of the embeddings of the shifted and rotated views (test-time augmentation, part of the exported graph)."""
+        if (self.tta_shifts or self.tta_rotations) and not self.training:
+            return views_mean(self._embed, images, self.tta_shifts, self.tta_rotations, self.normalize)
         return self._embed(images)
 
     def _embed(self, images: Tensor) -> Tensor:
@@ -105,15 +110,33 @@ class Embedder(ArrayEmbedder, nn.Module):
         return {"model_config": self.config, "model": self.state_dict()}
 
 
-def shifted_views_mean(embed, images: Tensor, shifts: list[tuple[int, int]], normalize: bool = True) -> Tensor:
-    """The mean of `embed` over views of `images` shifted by (dx, dy) pixels (edges replicated),
-    L2-normalised again when `normalize`; all views go through `embed` as one batch."""
-    pad = max(max(abs(dx), abs(dy)) for dx, dy in shifts)
+def views_mean(embed, images: Tensor, shifts: list[tuple[int, int]], rotations: list[float] = (),
+               normalize: bool = True) -> Tensor:
+    """The mean of `embed` over views of `images`: shifted by (dx, dy) pixels (edges replicated; without shifts,
+    the images themselves) and rotated by each angle of `rotations` (degrees, counterclockwise about the centre,
+    bilinear, edges replicated); L2-normalised again when `normalize`. All views go through `embed` as one batch."""
     n, _, h, w = images.shape
-    padded = F.pad(images, (pad, pad, pad, pad), mode="replicate") if pad else images
-    views = [padded[:, :, pad - dy:pad - dy + h, pad - dx:pad - dx + w] for dx, dy in shifts]
-    out = embed(torch.cat(views)).reshape(len(shifts), n, -1).mean(dim=0)
+    views = [images]
+    if shifts:
+        pad = max(max(abs(dx), abs(dy)) for dx, dy in shifts)
+        padded = F.pad(images, (pad, pad, pad, pad), mode="replicate") if pad else images
+        views = [padded[:, :, pad - dy:pad - dy + h, pad - dx:pad - dx + w] for dx, dy in shifts]
+    views += [rotated(images, angle) for angle in rotations]
+    out = embed(torch.cat(views)).reshape(len(views), n, -1).mean(dim=0)
     return F.normalize(out, dim=1) if normalize else out
+
+
+def rotated(images: Tensor, degrees: float) -> Tensor:
+    """`images` rotated counterclockwise by `degrees` about their centre (bilinear, edges replicated)."""
+    n, _, h, w = images.shape
+    cos, sin = math.cos(math.radians(degrees)), math.sin(math.radians(degrees))
+    # output pixel centres in pixels from the centre (y down), then the input point each samples, normalised
+    ys = torch.arange(h, dtype=images.dtype, device=images.device) + 0.5 - h / 2
+    xs = torch.arange(w, dtype=images.dtype, device=images.device) + 0.5 - w / 2
+    y, x = torch.meshgrid(ys, xs, indexing="ij")
+    grid = torch.stack([(cos * x - sin * y) / (w / 2), (sin * x + cos * y) / (h / 2)], dim=-1)
+    return F.grid_sample(images, grid.expand(n, h, w, 2), mode="bilinear", padding_mode="border",
+                         align_corners=False)
 
 
 def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Embedder:
@@ -121,7 +144,7 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     cfg = dict(config)
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
-    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "freeze"}
+    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; known: {sorted(known | {'preprocessing', 'pretrained'})}")

@@ -190,6 +190,57 @@ def test_shifted_views_are_averaged_inside_the_exported_graph(tmp_path) -> None:
                                                                                                   "embeddings"]
 
 
+def test_rotated_views_turn_the_image_about_its_centre() -> None:
+    import math
+
+    from metricsearch.models.torch_embedder import rotated
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(rotated(x, 0), x)
+    torch.testing.assert_close(rotated(x, 90), torch.rot90(x, 1, (2, 3)), atol=1e-4, rtol=0)  # counterclockwise
+    torch.testing.assert_close(rotated(x, -90), torch.rot90(x, -1, (2, 3)), atol=1e-4, rtol=0)
+    wide = torch.randn(1, 1, 20, 32)  # about the centre in pixels, not in stretched coordinates
+    torch.testing.assert_close(rotated(wide, 180), torch.rot90(wide, 2, (2, 3)), atol=1e-4, rtol=0)
+    c, s = math.cos(math.radians(15)), math.sin(math.radians(15))  # torch's own affine sampling, for a square
+    grid = torch.nn.functional.affine_grid(torch.tensor([[[c, -s, 0.0], [s, c, 0.0]]]).expand(2, 2, 3), x.shape,
+                                           align_corners=False)
+    expected = torch.nn.functional.grid_sample(x, grid, padding_mode="border", align_corners=False)
+    torch.testing.assert_close(rotated(x, 15), expected, atol=1e-5, rtol=0)
+
+
+def test_rotated_views_are_averaged_inside_the_exported_graph(tmp_path) -> None:
+    from metricsearch.models.onnx_embedder import OnnxEmbedder
+    from metricsearch.models.torch_embedder import build_embedder, load_embedder
+    from metricsearch.train.export import export_onnx
+
+    torch.manual_seed(0)
+    model = build_embedder({"dim": 16, "tta_rotations": [90, -90]}).eval()
+    assert model.config["tta_rotations"] == [90.0, -90.0]
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():  # without shifts, the image itself is the first view
+        views = [model._embed(v) for v in (x, torch.rot90(x, 1, (2, 3)), torch.rot90(x, -1, (2, 3)))]
+        got = model(x)
+    torch.testing.assert_close(got, torch.nn.functional.normalize(torch.stack(views).mean(0), dim=1),
+                               atol=1e-4, rtol=0)
+    model.train()
+    assert model(x).shape == (3, 16)  # training sees single views
+    model = build_embedder({"dim": 16, "tta_shifts": [[0, 0], [3, 0], [0, -3]], "tta_rotations": [-15, 15]}).eval()
+    torch.save({**model.checkpoint(), "epoch": 1}, tmp_path / "m.pt")
+    again = load_embedder(tmp_path / "m.pt").eval()
+    assert (again.tta_shifts, again.tta_rotations) == ([(0, 0), (3, 0), (0, -3)], [-15.0, 15.0])
+    batch = np.random.default_rng(0).normal(size=(5, 1, 28, 28)).astype(np.float32)
+    export_onnx(model, tmp_path / "views.onnx", batch)
+    onnx_model = OnnxEmbedder(tmp_path / "views.onnx", device="cpu")
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch)).numpy()
+        single = model._embed(torch.from_numpy(batch)).numpy()
+    assert np.abs(onnx_model.embed_arrays(batch) - expected).max() <= 1e-4
+    assert np.abs(onnx_model.embed_arrays(batch[:2]) - expected[:2]).max() <= 1e-4  # any batch size
+    assert np.abs(expected - single).max() > 1e-2  # the views change the embedding
+    assert json.loads(onnx_model.metadata["model_config"])["tta_rotations"] == [-15.0, 15.0]
+
+
 def test_a_single_unshifted_view_is_the_plain_embedding() -> None:
     from metricsearch.models.torch_embedder import build_embedder
 

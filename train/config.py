@@ -82,6 +82,7 @@ class ModelConfig(Section):
     pretrained: bool | str | None = None  # imagenet (or true): the backbone's published weights; or a file
     backbone_params: dict[str, Any] = Field(default_factory=dict)
     tta_shifts: list[tuple[int, int]] = Field(default_factory=list)
+    tta_rotations: list[float] = Field(default_factory=list)  # degrees; each adds a rotated test view
     # keys set here replace the backbone's own preprocessing (its ImageNet one; 28 px gray for small_cnn)
     preprocessing: dict[str, Any] = Field(default_factory=dict)
     # N: the backbone's stem and first N blocks keep their pretrained weights and BatchNorm statistics
