@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,7 @@ class Embedder(ArrayEmbedder, nn.Module):
         return {"model_config": self.config, "model": self.state_dict()}
 
 
-def views_mean(embed, images: Tensor, shifts: list[tuple[int, int]], rotations: list[float] = (),
+def views_mean(embed, images: Tensor, shifts: Sequence[tuple[int, int]], rotations: Sequence[float] = (),
                normalize: bool = True) -> Tensor:
     """The mean of `embed` over views of `images`: shifted by (dx, dy) pixels (edges replicated; without shifts,
     the images themselves) and rotated by each angle of `rotations` (degrees, counterclockwise about the centre,
