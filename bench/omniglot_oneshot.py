@@ -15,7 +15,9 @@ and query by two different drawers; Tagalog, with 17 characters, cannot hold a 2
 left out of it) and `across_alphabets` (20 characters from anywhere, easier). Episodes of both folds
 are pooled: error = mean episode error, with its 95% confidence interval; "vs current" is the paired
 difference to the current recipe (or the `--ref` row) on the very same episodes. The raw-pixel baseline
-needs no training. `--views LABEL VIEWS` adds rows of the same weights scored with other test-time views.
+needs no training. `--views LABEL VIEWS` adds rows of the same weights scored with other test-time views;
+`--seeds N` trains every recipe with N seeds and adds the paired differences over seeds, whose intervals
+also cover the training's own noise (one seed moves the error by up to half a point).
 
 Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
 ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
@@ -36,10 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
+from scipy import stats
+
 from metricsearch.data import ImageSet, load_split
 from metricsearch.evaluation.oneshot import episode_errors, mean_ci
 from metricsearch.models import PixelEmbedder
-from metricsearch.models.torch_embedder import load_embedder
+from metricsearch.models.torch_embedder import Embedder, load_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.trainer import train
 
@@ -100,13 +105,21 @@ def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]
             for protocol in ("within_alphabet", "across_alphabets")}
 
 
+def with_views(model: Embedder, views: dict[str, list]) -> Embedder:
+    """`model`, now averaging the test-time views {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}."""
+    model.tta_shifts = [(int(dx), int(dy)) for dx, dy in views["shifts"]]
+    model.tta_rotations = [float(a) for a in views["rotations"]]
+    return model
+
+
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
         views: dict[str, dict[str, list]] | None = None, reuse: bool = False) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
     entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}; `no TTA` = none): the
     same weights scored with those views.
-    With `reuse`, a run already finished in `keep` under the same config is scored, not trained again."""
+    With `reuse`, a run already finished in `keep` under the same config (test-time views aside) is scored
+    with the recipe's views, not trained again."""
     views = {"no TTA": {"shifts": [], "rotations": []}, **(views or {})}
     splits = {fold: load_split(f"omniglot:{data}", split=FOLDS[fold]) for fold in folds}
     rows: list[dict[str, Any]] = []
@@ -127,15 +140,19 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 row["load"][fold] = os.getloadavg()[0]
                 timing = out / f"{name}-{fold}" / "bench_train_s.json"
                 again = reuse and timing.is_file()  # written only once a training has finished
+                recipe_views = {"shifts": config["model"]["tta_shifts"],
+                                "rotations": config["model"]["tta_rotations"]}
+                if again:  # the kept run may have other test-time views: resume it with its own, score with these
+                    kept = yaml.safe_load((timing.parent / "config.yaml").read_text())["model"]
+                    config["model"] |= {key: kept.get(key, []) for key in ("tta_shifts", "tta_rotations")}
                 t0 = time.perf_counter()
                 result = train(config, progress=False, resume=again)  # resuming a finished run trains nothing
                 row["train_s"][fold] = json.loads(timing.read_text()) if again else time.perf_counter() - t0
                 timing.write_text(json.dumps(row["train_s"][fold]))
-                model = load_embedder(result.run_dir / "last.pt")
+                model = with_views(load_embedder(result.run_dir / "last.pt"), recipe_views)
                 row["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
                 for label, spec in views.items() if model.tta_shifts or model.tta_rotations else ():
-                    model.tta_shifts = [(int(dx), int(dy)) for dx, dy in spec["shifts"]]
-                    model.tta_rotations = [float(a) for a in spec["rotations"]]
+                    with_views(model, spec)
                     twins[name, label]["epochs"] = config["epochs"]
                     twins[name, label]["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
                 e = row["errors"][fold]
@@ -195,6 +212,25 @@ def table(summary: list[dict[str, Any]], episodes: int, ref: str = "current") ->
     return "\n".join(lines)
 
 
+def seed_table(summary: list[dict[str, Any]], seeds: dict[str, list[str]], ref: str) -> str:
+    """Within-alphabet error per seed, and the paired difference to `ref` seed by seed, with a Student t
+    95% interval over the seeds: it covers the training's own noise, which the episode intervals do not."""
+    error = {s["recipe"]: 100 * s["within_alphabet"][0] for s in summary}
+    n = len(seeds[ref])
+    lines = [f"Within-alphabet error in % by seed; vs {ref}: mean of the {n} seed-by-seed differences, [t 95% CI]",
+             "", f"| recipe | {' | '.join(f'seed {k}' for k in range(n))} | mean | vs {ref} |",
+             f"|---|{'---:|' * (n + 2)}"]
+    for name, members in seeds.items():
+        if not all(m in error for m in members):
+            continue
+        values = np.array([error[m] for m in members])
+        d = values - np.array([error[m] for m in seeds[ref]])
+        half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n)
+        vs = f"{d.mean():+.2f} [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]" if name != ref else ""
+        lines.append(f"| {name} | {' | '.join(f'{v:.1f}' for v in values)} | {values.mean():.2f} | {vs} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES),
@@ -217,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true",
                         help="score runs already finished in --keep under the same config instead of training "
                              "them again (their training times are the ones measured then)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="train every recipe with seeds 0..N-1 (rows NAME, NAMEs1, ...) and add a table of the "
+                             "paired differences to --ref over the seeds, with t intervals (N >= 2)")
     parser.add_argument("--folds", nargs="+", default=list(FOLDS), choices=list(FOLDS), help="folds to run")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
     args = parser.parse_args(argv)
@@ -224,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, base, overrides in args.add:
         RECIPES[name] = (base, [o for o in overrides.split(";") if o], f"{base} + {overrides}")
         recipes.append(name)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be 1 or more, got {args.seeds}")
+    seeds = {name: [name, *(f"{name}s{k}" for k in range(1, args.seeds))] for name in recipes}
+    for name in list(recipes):
+        base, overrides, what = RECIPES[name]
+        for k in range(1, args.seeds):
+            RECIPES[f"{name}s{k}"] = (base, [*overrides, f"seed={k}"], f"{what}; seed={k}")
+        recipes += seeds[name][1:]
     if args.reuse and args.keep is None:
         parser.error("--reuse needs --keep FOLDER, the folder of the earlier runs")
     if args.ref not in ("pixels", *recipes):
@@ -243,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                args.reuse)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
+    if args.seeds > 1 and args.ref in seeds:
+        labels = ["", *(f", {label}" for label in ("no TTA", *views))]
+        text += "\n\n" + seed_table(summary, {f"{name}{label}": [f"{m}{label}" for m in members]
+                                               for name, members in seeds.items() for label in labels}, args.ref)
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
     text += f"\nTotal wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores."
     print(text)

@@ -242,26 +242,6 @@ def test_hard_class_mining_picks_the_closest_classes() -> None:
         assert len(set(labels[batch])) == 4
 
 
-def test_hard_class_random_seeds_mix_clusters() -> None:
-    labels = np.repeat(np.arange(16), 3)
-    cluster = labels // 4  # 4 clusters of 4 classes, their means around orthogonal directions
-    gen = torch.Generator().manual_seed(0)
-    emb = torch.eye(16)[torch.as_tensor(cluster)] * 5 + 0.3 * torch.randn(len(labels), 16, generator=gen)
-    rng = np.random.default_rng(0)
-    spans = {}
-    for seeds in (1, 2, 4):
-        sampler = build_sampler(
-            "npair_hard_class", labels, classes_per_batch=4, images_per_class=2, random_classes=seeds
-        )
-        sampler.observe(list(range(len(labels))), emb)
-        spans[seeds] = [len(set(cluster[sampler.draw(rng)])) for _ in range(40)]
-    assert set(spans[1]) == {1}  # one seed: its cluster's 4 classes
-    assert set(spans[2]) == {1, 2}  # two seeds: their clusters, one when both fall in the same
-    assert max(spans[4]) >= 3  # all random: plain random classes
-    with pytest.raises(ValueError, match="random_classes"):
-        build_sampler("npair_hard_class", labels, classes_per_batch=4, random_classes=5)
-
-
 def test_hard_class_refresh_waits() -> None:
     labels = np.repeat(np.arange(4), 3)
     sampler = build_sampler("npair_hard_class", labels, classes_per_batch=2, refresh=2)

@@ -11,10 +11,8 @@ from metricsearch.train.sampling.base import LabelBatchSampler, draw_per_class
 
 @register_sampler("npair_hard_class")
 class HardClassSampler(LabelBatchSampler):
-    """Random seed classes, then greedily the classes whose means are closest to those chosen.
+    """A random seed class, then greedily the classes whose means are closest to those chosen.
 
-    `random_classes=1` seed is Sohn's batch; more seeds mix random classes into it, and each greedy
-    class is the one closest to any chosen class, so a batch is a few clusters of near classes.
     Class means are running means of the embeddings seen through `observe`, folded in every
     `refresh` calls. Classes not yet seen are picked first (ties broken at random), so before any
     embedding is seen the batch is n random classes. With several ranks, pass each rank the
@@ -23,7 +21,7 @@ class HardClassSampler(LabelBatchSampler):
 
     def __init__(
         self, labels: np.ndarray, classes_per_batch: int = 16, images_per_class: int = 2,
-        refresh: int = 1, random_classes: int = 1, seed: int = 0, rank: int = 0, world_size: int = 1,
+        refresh: int = 1, seed: int = 0, rank: int = 0, world_size: int = 1,
         batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__(labels, seed, rank, world_size, batches_per_epoch)
@@ -32,8 +30,6 @@ class HardClassSampler(LabelBatchSampler):
                 "need classes_per_batch >= 2, images_per_class >= 2 and refresh >= 1, got "
                 f"{classes_per_batch}, {images_per_class}, {refresh}"
             )
-        if not 1 <= random_classes <= classes_per_batch:
-            raise ValueError(f"need 1 <= random_classes <= classes_per_batch, got {random_classes}")
         classes, inverse = np.unique(self.labels, return_inverse=True)
         eligible = np.flatnonzero(np.bincount(inverse) >= 2)
         if len(eligible) < classes_per_batch:
@@ -45,7 +41,7 @@ class HardClassSampler(LabelBatchSampler):
         self.members = [np.flatnonzero(inverse == c) for c in eligible]
         self.row_of = np.full(len(classes), -1)
         self.row_of[eligible] = np.arange(len(eligible))
-        self.n, self.m, self.refresh, self.random = classes_per_batch, images_per_class, refresh, random_classes
+        self.n, self.m, self.refresh = classes_per_batch, images_per_class, refresh
         self.means: np.ndarray | None = None  # eligible classes x dim, unit rows
         self.seen = np.zeros(len(eligible), dtype=bool)
         self._sums: np.ndarray | None = None
@@ -77,7 +73,7 @@ class HardClassSampler(LabelBatchSampler):
             self._counts[:] = 0.0
 
     def choose_classes(self, rng: np.random.Generator) -> np.ndarray:
-        """The batch's class rows: the random seed classes, then the most violating classes greedily."""
+        """The batch's class rows: a random seed class, then the most violating classes greedily."""
         order = rng.permutation(len(self.members))  # random tie-breaking: argmax takes the first
         if self.means is None or not self.seen.any():
             return order[: self.n]
@@ -85,12 +81,15 @@ class HardClassSampler(LabelBatchSampler):
         # closeness to the chosen set: max cosine similarity to a chosen class mean; unseen first
         closeness = np.where(self.seen[order], -np.inf, np.inf)
         taken = np.zeros(len(order), dtype=bool)
-        for step in range(self.n):
-            chosen = step if step < self.random else int(np.argmax(np.where(taken, -np.inf, closeness)))
+        chosen = 0
+        for _ in range(self.n - 1):
             taken[chosen] = True
             if self.seen[order[chosen]]:
                 closeness = np.maximum(closeness, means @ means[chosen])
-        return order[np.flatnonzero(taken)]
+            chosen = int(np.argmax(np.where(taken, -np.inf, closeness)))
+        taken[chosen] = True
+        picked = np.flatnonzero(taken)
+        return order[picked]
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         return draw_per_class(rng, self.members, self.choose_classes(rng), self.m)
