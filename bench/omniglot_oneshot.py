@@ -44,7 +44,7 @@ from scipy import stats
 from metricsearch.data import ImageSet, load_split
 from metricsearch.evaluation.oneshot import episode_errors, mean_ci
 from metricsearch.models import PixelEmbedder
-from metricsearch.models.torch_embedder import Embedder, load_embedder
+from metricsearch.models.torch_embedder import load_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.trainer import train
 
@@ -105,13 +105,6 @@ def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]
             for protocol in ("within_alphabet", "across_alphabets")}
 
 
-def with_views(model: Embedder, views: dict[str, list]) -> Embedder:
-    """`model`, now averaging the test-time views {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}."""
-    model.tta_shifts = [(int(dx), int(dy)) for dx, dy in views["shifts"]]
-    model.tta_rotations = [float(a) for a in views["rotations"]]
-    return model
-
-
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
         views: dict[str, dict[str, list]] | None = None, reuse: bool = False) -> list[dict[str, Any]]:
@@ -149,10 +142,11 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 result = train(config, progress=False, resume=again)  # resuming a finished run trains nothing
                 row["train_s"][fold] = json.loads(timing.read_text()) if again else time.perf_counter() - t0
                 timing.write_text(json.dumps(row["train_s"][fold]))
-                model = with_views(load_embedder(result.run_dir / "last.pt"), recipe_views)
+                model = load_embedder(result.run_dir / "last.pt")
+                model.set_views(recipe_views["shifts"], recipe_views["rotations"])
                 row["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
                 for label, spec in views.items() if model.tta_shifts or model.tta_rotations else ():
-                    with_views(model, spec)
+                    model.set_views(spec["shifts"], spec["rotations"])
                     twins[name, label]["epochs"] = config["epochs"]
                     twins[name, label]["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
                 e = row["errors"][fold]

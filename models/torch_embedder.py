@@ -44,12 +44,7 @@ class Embedder(ArrayEmbedder, nn.Module):
         self.backbone = build_backbone(backbone, self.preprocessing.channels, pretrained, dict(backbone_params or {}))
         self.head = nn.Linear(self.backbone.out_features, dim) if dim is not None else nn.Identity()
         self.normalize = normalize
-        self.tta_shifts = [(int(dx), int(dy)) for dx, dy in (tta_shifts or [])]
-        if self.tta_shifts:
-            self.config["tta_shifts"] = [list(s) for s in self.tta_shifts]
-        self.tta_rotations = [float(a) for a in (tta_rotations or [])]
-        if self.tta_rotations:
-            self.config["tta_rotations"] = list(self.tta_rotations)
+        self.set_views(tta_shifts or [], tta_rotations or [])
         self.trunk: Trunk | None = None
         if freeze is not None:
             self.trunk = split_backbone(self.backbone, freeze)
@@ -69,6 +64,16 @@ class Embedder(ArrayEmbedder, nn.Module):
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
         return self
+
+    def set_views(self, shifts: Sequence[Sequence[int]], rotations: Sequence[float]) -> None:
+        """Average these test-time views in eval mode: shifts (dx, dy) in pixels, rotations in degrees (none: off)."""
+        self.tta_shifts = [(int(dx), int(dy)) for dx, dy in shifts]
+        self.tta_rotations = [float(a) for a in rotations]
+        for key, value in (("tta_shifts", [list(s) for s in self.tta_shifts]), ("tta_rotations", self.tta_rotations)):
+            if value:
+                self.config[key] = value
+            else:
+                self.config.pop(key, None)
 
     def forward(self, images: Tensor) -> Tensor:
         """Embeddings for a batch of preprocessed images; in eval mode with `tta_shifts` or `tta_rotations`, the

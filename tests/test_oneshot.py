@@ -241,6 +241,22 @@ def test_rotated_views_are_averaged_inside_the_exported_graph(tmp_path) -> None:
     assert json.loads(onnx_model.metadata["model_config"])["tta_rotations"] == [-15.0, 15.0]
 
 
+def test_set_views_switches_the_views_and_the_saved_config() -> None:
+    from metricsearch.models.torch_embedder import build_embedder
+
+    torch.manual_seed(0)
+    model = build_embedder({"dim": 16, "tta_shifts": [[0, 0], [3, 0]], "tta_rotations": [15]}).eval()
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        with_views = model(x)
+        model.set_views([], [])
+        assert "tta_shifts" not in model.config and "tta_rotations" not in model.config
+        torch.testing.assert_close(model(x), model._embed(x))
+        model.set_views([[0, 0], [3, 0]], [15])
+        assert (model.config["tta_shifts"], model.config["tta_rotations"]) == ([[0, 0], [3, 0]], [15.0])
+        torch.testing.assert_close(model(x), with_views)
+
+
 def test_a_single_unshifted_view_is_the_plain_embedding() -> None:
     from metricsearch.models.torch_embedder import build_embedder
 
