@@ -88,6 +88,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     if args.db is not None:
         from metricsearch.index import evaluate_gallery
 
+        if args.center:
+            raise ValueError("--center goes with --model (a gallery searches its own index): leave it out with --db")
+
         result = evaluate_gallery(args.db, recall_k=args.recall_k, with_nmi=not args.no_nmi, device=args.device,
                                   report=args.report)
     else:
@@ -98,7 +101,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         result = evaluate_model(
             embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
             recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
-            one_shot_protocol=args.one_shot_protocol,
+            one_shot_protocol=args.one_shot_protocol, center=args.center,
             batch_size=args.batch_size, progress=not args.json, report=args.report,
         )
     if args.json:
@@ -264,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --one-shot-ways: report the one-shot error and its 95%% confidence interval over "
                    "1000 episodes of this protocol; within_alphabet = the official Omniglot protocol (one "
                    "alphabet per episode, support and query by different drawers)")
+    p.add_argument("--center", type=float, default=0.0, metavar="C",
+                   help="take C (0 to 1) times the mean gallery embedding from every query and gallery embedding, "
+                   "then compare by cosine: the gallery of --query/--gallery, or each one-shot episode's support "
+                   "images (Omniglot: 0.5, docs/omniglot.md)")
     p.add_argument("--batch-size", type=int, default=256, help="images per inference batch")
     p.add_argument("--device", choices=DEVICES, default="auto", help="onnxruntime device")
     p.add_argument("--pixels-size", type=int, default=28, help="side of the resized image for --model pixels")

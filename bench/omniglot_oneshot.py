@@ -99,18 +99,21 @@ def recipe_config(name: str, base: str, overrides: list[str], fold: str, data: P
     return config
 
 
-def score(x: np.ndarray, test: ImageSet, episodes: int) -> dict[str, np.ndarray]:
-    """Per-episode 20-way errors of both protocols (seeded: every recipe sees the same episodes)."""
-    return {protocol: episode_errors(x, test.labels, test.groups, test.sources, 20, protocol, episodes, seed=0)
-            for protocol in ("within_alphabet", "across_alphabets")}
+def score(x: np.ndarray, test: ImageSet, episodes: int, center: float = 0.0) -> dict[str, np.ndarray]:
+    """Per-episode 20-way errors of both protocols (seeded: every recipe sees the same episodes), the embeddings
+    centred by `center` times each episode's mean support embedding (evaluation.oneshot)."""
+    return {protocol: episode_errors(x, test.labels, test.groups, test.sources, 20, protocol, episodes, seed=0,
+                                     center=center) for protocol in ("within_alphabet", "across_alphabets")}
 
 
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
-        views: dict[str, dict[str, list]] | None = None, reuse: bool = False) -> list[dict[str, Any]]:
+        views: dict[str, dict[str, list]] | None = None, reuse: bool = False,
+        center: float = 0.0) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
     entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}; `no TTA` = none): the
-    same weights scored with those views.
+    same weights scored with those views; with `center`, every recipe also gets a twin row `centred C` (C =
+    `center`): its own embeddings scored with episodes centred on their support images.
     With `reuse`, a run already finished in `keep` under the same config (test-time views aside) is scored
     with the recipe's views, not trained again."""
     views = {"no TTA": {"shifts": [], "rotations": []}, **(views or {})}
@@ -123,6 +126,11 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
     twins = {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
                              "what": f"same weights, test-time views {spec if any(spec.values()) else 'off'}"}
              for name, row in zip(recipes, trained) for label, spec in views.items()}
+    centred = f"centred {center:g}"
+    if center:
+        twins |= {(name, centred): {"recipe": f"{name}, {centred}", "train_s": row["train_s"], "errors": {},
+                                    "what": f"same embeddings, episodes centred by {center:g} x the support mean"}
+                  for name, row in zip(recipes, trained)}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
         for fold, split in splits.items():  # fold by fold: a stopped run still compares recipes on whole folds
@@ -144,7 +152,11 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 timing.write_text(json.dumps(row["train_s"][fold]))
                 model = load_embedder(result.run_dir / "last.pt")
                 model.set_views(recipe_views["shifts"], recipe_views["rotations"])
-                row["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
+                x = model.embed_set(split.test)
+                row["errors"][fold] = score(x, split.test, episodes)
+                if center:
+                    twins[name, centred] |= {"epochs": config["epochs"]}
+                    twins[name, centred]["errors"][fold] = score(x, split.test, episodes, center)
                 for label, spec in views.items() if model.tta_shifts or model.tta_rotations else ():
                     model.set_views(spec["shifts"], spec["rotations"])
                     twins[name, label]["epochs"] = config["epochs"]
@@ -158,7 +170,8 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                        *(t for t in twins.values() if t["errors"])]
             print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
     for name, row in zip(recipes, trained):
-        rows += [row, *(twins[name, label] for label in views if twins[name, label]["errors"])]
+        rows += [row, *(twins[name, label] for label in [*views, *([centred] if center else [])]
+                        if twins[name, label]["errors"])]
     return rows
 
 
@@ -243,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
                              "these views, a JSON list of shifts [dx, dy] (e.g. '[[0, 0], [1, 0]]') or an object "
                              "with shifts and rotations in degrees (e.g. '{\"shifts\": [[0, 0]], \"rotations\": "
                              "[-15, 15]}')")
+    parser.add_argument("--center", type=float, default=0.0, metavar="C",
+                        help="also score every recipe with one-shot episodes centred on their support images: C "
+                             "times the mean support embedding taken from each embedding (evaluation.oneshot)")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
     parser.add_argument("--reuse", action="store_true",
                         help="score runs already finished in --keep under the same config instead of training "
@@ -280,12 +296,15 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(spec, dict) or set(spec) - {"shifts", "rotations"}:
             parser.error(f"--views {label}: give a JSON list of shifts or an object with shifts and rotations")
         views[label] = {"shifts": spec.get("shifts", []), "rotations": spec.get("rotations", [])}
+    if not 0.0 <= args.center <= 1.0:
+        parser.error(f"--center must lie in [0, 1], got {args.center}")
     rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views,
-               args.reuse)
+               args.reuse, args.center)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
     if args.seeds > 1 and args.ref in seeds:
-        labels = ["", *(f", {label}" for label in ("no TTA", *views))]
+        labels = ["", *(f", {label}" for label in ("no TTA", *views, *([f"centred {args.center:g}"] if args.center
+                                                                         else [])))]
         text += "\n\n" + seed_table(summary, {f"{name}{label}": [f"{m}{label}" for m in members]
                                                for name, members in seeds.items() for label in labels}, args.ref)
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"

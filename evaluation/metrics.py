@@ -14,6 +14,31 @@ def sq_distances(q: np.ndarray, g: np.ndarray) -> np.ndarray:
     return (q * q).sum(1, keepdims=True) + (g * g).sum(1)[None, :] - 2.0 * (q @ g.T)
 
 
+def normalized(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero), float32."""
+    v = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    return np.ascontiguousarray(v / np.where(norms > 0, norms, 1.0), dtype=np.float32)
+
+
+def check_center(center: float, gallery: bool = True, episodes: bool = False) -> None:
+    """A ValueError unless `center` (the fraction of the mean gallery embedding taken off) lies in [0, 1] and, when
+    it is set, there is a gallery or there are one-shot episodes to centre."""
+    if not 0.0 <= center <= 1.0:
+        raise ValueError(f"center is the fraction of the mean gallery embedding taken off: pass 0 to 1, not {center}")
+    if center and not (gallery or episodes):
+        raise ValueError("center needs a gallery (query and gallery images) or one-shot episodes (one_shot_ways "
+                         "and one_shot_protocol)")
+
+
+def centred(query: np.ndarray, gallery: np.ndarray, center: float) -> tuple[np.ndarray, np.ndarray]:
+    """(query, gallery) less `center` times the mean gallery embedding, L2-normalised; unchanged for 0."""
+    if center == 0.0:
+        return query, gallery
+    mean = center * gallery.mean(axis=0)
+    return normalized(query - mean), normalized(gallery - mean)
+
+
 def nearest(d: np.ndarray, n: int) -> np.ndarray:
     """Column indices of the n smallest entries of each row of `d`, nearest first (ties by index)."""
     if n < d.shape[1]:
@@ -148,14 +173,20 @@ def evaluate(
     groups: np.ndarray | None = None,
     sources: np.ndarray | None = None,
     one_shot_episodes: int = 1000,
+    center: float = 0.0,
 ) -> dict[str, Any]:
     """All metrics as one dict: recall_at_k ({K: value}), nmi (None if skipped), map_at_r, n_queries,
     and when `one_shot_ways` is given: `one_shot_<N>way` (N-way one-shot accuracy over across-alphabet
     episodes, Omniglot style) without a protocol, or with `one_shot_protocol` (see evaluation.oneshot)
     `one_shot_<N>way_<protocol>`: {error, ci95: [low, high], episodes} over the queries' images, using
-    their `groups` (alphabets) and `sources` (drawers)."""
+    their `groups` (alphabets) and `sources` (drawers). With `center`, `center` times the mean gallery embedding
+    (in one-shot episodes: of the support images) is taken from query and gallery embeddings, compared by cosine;
+    the result then says so (`center`)."""
     from metricsearch.evaluation.oneshot import one_shot_accuracy, one_shot_error
 
+    check_center(center, gallery is not None, bool(one_shot_ways and one_shot_protocol))
+    if gallery is not None:
+        query, gallery = centred(query, gallery, center)
     result = retrieval_metrics(query, query_labels, gallery, gallery_labels, recall_k)
     if not with_nmi:
         result["nmi"] = None
@@ -164,11 +195,14 @@ def evaluate(
     else:
         result["nmi"] = nmi(np.concatenate([query, gallery]), np.concatenate([query_labels, gallery_labels]))
     result = {k: result[k] for k in ("recall_at_k", "nmi", "map_at_r", "n_queries")}
+    if center and gallery is not None:
+        result["center"] = center
     if one_shot_ways and one_shot_protocol:
         error, low, high = one_shot_error(query, query_labels, groups, sources, one_shot_ways, one_shot_protocol,
-                                          one_shot_episodes)
+                                          one_shot_episodes, center=center)
         result[f"one_shot_{one_shot_ways}way_{one_shot_protocol}"] = {
-            "error": error, "ci95": [low, high], "episodes": one_shot_episodes}
+            "error": error, "ci95": [low, high], "episodes": one_shot_episodes,
+            **({"center": center} if center else {})}
     elif one_shot_ways:
         result[f"one_shot_{one_shot_ways}way"] = one_shot_accuracy(query, query_labels, one_shot_ways)
     return result

@@ -10,7 +10,7 @@ import numpy as np
 
 from metricsearch.data import DataSplit, ImageSet, load_query_gallery, load_split
 from metricsearch.data.base import RECALL_K_INSHOP
-from metricsearch.evaluation.metrics import evaluate
+from metricsearch.evaluation.metrics import centred, check_center, evaluate
 
 
 class SetEmbedder(Protocol):
@@ -31,6 +31,14 @@ def _reported(result: dict[str, Any], report: str | Path | None, query: ImageSet
     return result
 
 
+def _gallery_result(query: ImageSet, q: np.ndarray, gallery: ImageSet, g: np.ndarray, recall_k: Sequence[int],
+                    with_nmi: bool, center: float, report: str | Path | None) -> dict[str, Any]:
+    """`evaluate` of the queries against the gallery, centred by `center`; its report from the same embeddings."""
+    result = evaluate(q, query.labels, g, gallery.labels, recall_k, with_nmi, center=center)
+    q, g = centred(q, g, center)
+    return _reported(result, report, query, q, gallery, g)
+
+
 def evaluate_split(
     embed: Callable[[ImageSet], np.ndarray],
     split: DataSplit,
@@ -39,20 +47,22 @@ def evaluate_split(
     one_shot_ways: int | None = None,
     one_shot_protocol: str | None = None,
     report: str | Path | None = None,
+    center: float = 0.0,
 ) -> dict[str, Any]:
     """`evaluate` of an embedding function on a split's test classes: its queries against its
     gallery where it has them (In-Shop), else every test image against the others (and one-shot
-    episodes of `one_shot_protocol` over the test images' groups and sources, see evaluation.oneshot);
+    episodes of `one_shot_protocol` over the test images' groups and sources, see evaluation.oneshot), centred by
+    `center` (see evaluation.metrics.evaluate);
     with `report`, also the report of where it fails (evaluation.report) in that folder."""
     recall_k = recall_k or split.recall_k
     if split.query is not None and split.gallery is not None:
         q, g = embed(split.query), embed(split.gallery)
-        return _reported(evaluate(q, split.query.labels, g, split.gallery.labels, recall_k, with_nmi), report,
-                         split.query, q, split.gallery, g)
+        return _gallery_result(split.query, q, split.gallery, g, recall_k, with_nmi, center, report)
     test = split.test
     x = embed(test)
     return _reported(evaluate(x, test.labels, recall_k=recall_k, with_nmi=with_nmi, one_shot_ways=one_shot_ways,
-                              one_shot_protocol=one_shot_protocol, groups=test.groups, sources=test.sources),
+                              one_shot_protocol=one_shot_protocol, groups=test.groups, sources=test.sources,
+                              center=center),
                      report, test, x)
 
 
@@ -67,6 +77,7 @@ def evaluate_model(
     with_nmi: bool = True,
     one_shot_ways: int | None = None,
     one_shot_protocol: str | None = None,
+    center: float = 0.0,
     batch_size: int = 256,
     progress: bool = False,
     report: str | Path | None = None,
@@ -77,6 +88,7 @@ def evaluate_model(
         raise ValueError("query and gallery go together: pass both, or a dataset")
     if (query is None) == (dataset is None):
         raise ValueError("pass either a dataset spec, or query and gallery specs")
+    check_center(center, query is not None, bool(one_shot_ways and one_shot_protocol))  # before embedding anything
 
     def embed(images: ImageSet) -> np.ndarray:
         return model.embed_set(images, batch_size=batch_size, progress=progress)
@@ -84,9 +96,8 @@ def evaluate_model(
     if query is not None:
         qs, gs = load_query_gallery(query, gallery)
         q, g = embed(qs), embed(gs)
-        return _reported(evaluate(q, qs.labels, g, gs.labels, recall_k or RECALL_K_INSHOP, with_nmi), report,
-                         qs, q, gs, g)
+        return _gallery_result(qs, q, gs, g, recall_k or RECALL_K_INSHOP, with_nmi, center, report)
     split = load_split(dataset, split_classes=split_classes)
     for note in split.notes:
         print(f"data: {note}", file=sys.stderr)
-    return evaluate_split(embed, split, recall_k, with_nmi, one_shot_ways, one_shot_protocol, report)
+    return evaluate_split(embed, split, recall_k, with_nmi, one_shot_ways, one_shot_protocol, report, center)

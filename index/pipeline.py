@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from metricsearch.data import DEFAULT_MAX_PIXELS, ImageSet, UnreadableImageError, load_image
+from metricsearch.evaluation.metrics import normalized
 from metricsearch.models import OnnxEmbedder, Preprocessing
 
 THUMBNAIL_SIZE = 256
@@ -153,13 +154,6 @@ class ImageReader:
             item.pixels, item.thumbnail = None, b""
         item.seconds = time.perf_counter() - start
         return item
-
-
-def normalized(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (zero rows stay zero), float32."""
-    v = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(v, axis=1, keepdims=True)
-    return np.ascontiguousarray(v / np.where(norms > 0, norms, 1.0), dtype=np.float32)
 
 
 class EmbedStep:

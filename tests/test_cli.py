@@ -66,6 +66,10 @@ def test_pixels_baseline_on_query_and_gallery_folders(tmp_path, capsys) -> None:
     result = json.loads(capsys.readouterr().out)
     assert result["n_queries"] == 9
     assert result["recall_at_k"] == {"1": 1.0, "4": 1.0}  # each class has its own bright stripe
+    assert main(["evaluate", "--model", "pixels", "--query", f"folder:{query}", "--gallery", f"folder:{gallery}",
+                 "--recall-k", "1", "--center", "1"]) == 0  # the stripes stay apart once the gallery mean is off
+    out = capsys.readouterr().out
+    assert "Recall@1     1.0000" in out and "centred      by 1 x the mean gallery embedding" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -76,6 +80,7 @@ def test_pixels_baseline_on_query_and_gallery_folders(tmp_path, capsys) -> None:
     (["train", "--set", "sampler.classes_per_batch"], "key=value"),
     (["train", "--config", "/no/such.yaml"], "not found"),
     (["export", "/no/such/run", "--out", "x.onnx"], "does not exist"),
+    (["evaluate", "--db", "/no/such/db", "--center", "0.5"], "--center goes with --model"),
 ])
 def test_bad_input_gives_a_clear_error(argv, message, capsys) -> None:
     assert main(argv) == 2

@@ -12,8 +12,10 @@ from PIL import Image
 
 from metricsearch.app.cli import main
 from metricsearch.data import ImageSet, load_split, resplit, with_transformed_classes
-from metricsearch.evaluation import evaluate, one_shot_accuracy, one_shot_error
-from metricsearch.evaluation.oneshot import across_alphabet_episodes, mean_ci, within_alphabet_episodes
+from metricsearch.evaluation import evaluate, format_metrics, one_shot_accuracy, one_shot_error
+from metricsearch.evaluation.oneshot import (
+    across_alphabet_episodes, episode_errors, mean_ci, within_alphabet_episodes,
+)
 
 
 def alphabet_set(class_counts=(25, 22, 17), drawers: int = 6, seed: int = 0):
@@ -93,6 +95,57 @@ def test_evaluate_reports_a_protocol_with_its_interval(capsys, tmp_path) -> None
                       groups=groups, sources=sources, one_shot_episodes=30)
     assert result["one_shot_20way_within_alphabet"] == {"error": 0.0, "ci95": [0.0, 0.0], "episodes": 30}
     assert "one_shot_20way" not in result
+
+
+def test_centred_episodes_match_a_direct_reference() -> None:
+    labels, groups, sources = alphabet_set()
+    rng = np.random.default_rng(5)
+    style = {d: rng.normal(size=8) for d in set(sources)}  # each drawer's hand shifts its drawings
+    x = np.stack([rng.normal(size=8) * 0.5 + np.eye(8)[c % 8] + style[d] for c, d in zip(labels, sources)])
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for center in (0.0, 0.5, 1.0):
+        errors = episode_errors(x, labels, groups, sources, 20, "within_alphabet", 60, seed=2, center=center)
+        expected = []
+        for support, query in within_alphabet_episodes(labels, groups, sources, 20, 60, 2):
+            mean = center * x[support].mean(axis=0)
+            wrong = 0
+            for i, q in enumerate(query):  # cosine of each centred query to each centred support, one by one
+                v = x[q] - mean
+                cos = [float(v @ (x[s] - mean)) / np.linalg.norm(v) / np.linalg.norm(x[s] - mean) for s in support]
+                wrong += int(np.argmax(cos) != i)
+            expected.append(wrong / len(query))
+        np.testing.assert_allclose(errors, expected)
+    plain = episode_errors(x, labels, groups, sources, 20, "within_alphabet", 60, seed=2)
+    centred = episode_errors(x, labels, groups, sources, 20, "within_alphabet", 60, seed=2, center=1.0)
+    assert not np.array_equal(plain, centred)  # the example is one where centring changes answers
+    with pytest.raises(ValueError, match="0 to 1"):
+        one_shot_error(x, labels, groups, sources, episodes=5, center=1.5)
+
+
+def test_evaluate_reports_the_center_it_used() -> None:
+    labels, groups, sources = alphabet_set()
+    x = np.eye(labels.max() + 1)[labels] + 0.01
+    result = evaluate(x, labels, recall_k=(1,), with_nmi=False, one_shot_ways=20, one_shot_protocol="within_alphabet",
+                      groups=groups, sources=sources, one_shot_episodes=30, center=0.5)
+    assert result["one_shot_20way_within_alphabet"] == {"error": 0.0, "ci95": [0.0, 0.0], "episodes": 30,
+                                                        "center": 0.5}
+    assert "centred 0.5" in format_metrics(result) and "center" not in result  # only the episodes were centred
+    with pytest.raises(ValueError, match="needs a gallery"):  # nothing to centre
+        evaluate(x, labels, recall_k=(1,), with_nmi=False, center=0.5)
+
+
+def test_a_centred_gallery_search_is_cosine_after_taking_off_the_gallery_mean() -> None:
+    rng = np.random.default_rng(1)
+    shift = 3.0 * rng.normal(size=6)  # every gallery image shares it: centring takes most of it off
+    g, gl = rng.normal(size=(30, 6)) + shift, np.arange(30) % 10
+    q, ql = g[:10] - shift + 0.3 * rng.normal(size=(10, 6)), np.arange(10)
+    result = evaluate(q, ql, g, gl, recall_k=(1,), with_nmi=False, center=1.0)
+    mean = g.mean(axis=0)
+    cos = ((q - mean) / np.linalg.norm(q - mean, axis=1, keepdims=True)) @ (
+        (g - mean) / np.linalg.norm(g - mean, axis=1, keepdims=True)).T
+    assert result["center"] == 1.0
+    assert result["recall_at_k"][1] == pytest.approx(np.mean(gl[cos.argmax(axis=1)] == ql))
+    assert "centred      by 1 x the mean gallery embedding" in format_metrics(result)
 
 
 def toy_set(n_classes: int = 3, per_class: int = 2) -> ImageSet:
@@ -349,3 +402,16 @@ def test_cli_reports_the_within_alphabet_error(omniglot_dir, capsys) -> None:
     assert 0.6 < within["error"] < 0.9 and within["ci95"][0] < within["error"] < within["ci95"][1]
     assert main(argv) == 0
     assert "95% CI" in capsys.readouterr().out
+    assert main([*argv, "--center", "0.5", "--json"]) == 0
+    centred = json.loads(capsys.readouterr().out)["one_shot_20way_within_alphabet"]
+    assert centred["center"] == 0.5 and centred["error"] != within["error"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--one-shot-ways", "20", "--one-shot-protocol", "within_alphabet", "--center", "1.5"], "0 to 1"),
+    (["--center", "0.5"], "one_shot_ways and one_shot_protocol"),
+])
+def test_cli_rejects_a_bad_center_in_one_line(omniglot_dir, capsys, extra, message) -> None:
+    assert main(["evaluate", "--model", "pixels", "--dataset", f"omniglot:{omniglot_dir}", "--no-nmi", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
