@@ -27,8 +27,8 @@ def check_center(center: float, gallery: bool = True, episodes: bool = False) ->
     if not 0.0 <= center <= 1.0:
         raise ValueError(f"center is the fraction of the mean gallery embedding taken off: pass 0 to 1, not {center}")
     if center and not (gallery or episodes):
-        raise ValueError("center needs a gallery (query and gallery images) or one-shot episodes (one_shot_ways "
-                         "and one_shot_protocol)")
+        raise ValueError("center needs a gallery (query and gallery images) or one-shot episodes: pass "
+                         "one_shot_ways and one_shot_protocol too (--one-shot-ways, --one-shot-protocol)")
 
 
 def centred(query: np.ndarray, gallery: np.ndarray, center: float) -> tuple[np.ndarray, np.ndarray]:
