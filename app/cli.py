@@ -85,11 +85,10 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.db is None):
         raise ValueError("pass --model (with --dataset, or --query and --gallery) or --db (a gallery), one of the two")
+    if args.db is not None and args.center:
+        raise ValueError("--center goes with --model (a gallery searches its own index): leave it out with --db")
     if args.db is not None:
         from metricsearch.index import evaluate_gallery
-
-        if args.center:
-            raise ValueError("--center goes with --model (a gallery searches its own index): leave it out with --db")
 
         result = evaluate_gallery(args.db, recall_k=args.recall_k, with_nmi=not args.no_nmi, device=args.device,
                                   report=args.report)

@@ -42,6 +42,7 @@ import yaml
 from scipy import stats
 
 from metricsearch.data import ImageSet, load_split
+from metricsearch.evaluation.metrics import check_center
 from metricsearch.evaluation.oneshot import episode_errors, mean_ci
 from metricsearch.models import PixelEmbedder
 from metricsearch.models.torch_embedder import load_embedder
@@ -106,6 +107,11 @@ def score(x: np.ndarray, test: ImageSet, episodes: int, center: float = 0.0) -> 
                                      center=center) for protocol in ("within_alphabet", "across_alphabets")}
 
 
+def twin_labels(views: dict[str, Any], center: float) -> list[str]:
+    """The labels of a recipe's twin rows: `no TTA` and the other views, then `centred C` with a center."""
+    return [*views, *([f"centred {center:g}"] if center else [])]
+
+
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
         views: dict[str, dict[str, list]] | None = None, reuse: bool = False,
@@ -126,11 +132,10 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
     twins = {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
                              "what": f"same weights, test-time views {spec if any(spec.values()) else 'off'}"}
              for name, row in zip(recipes, trained) for label, spec in views.items()}
-    centred = f"centred {center:g}"
-    if center:
-        twins |= {(name, centred): {"recipe": f"{name}, {centred}", "train_s": row["train_s"], "errors": {},
-                                    "what": f"same embeddings, episodes centred by {center:g} x the support mean"}
-                  for name, row in zip(recipes, trained)}
+    centred = twin_labels({}, center)  # one label with a center, none without
+    twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
+                              "what": f"same embeddings, episodes centred by {center:g} x the support mean"}
+              for name, row in zip(recipes, trained) for label in centred}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
         for fold, split in splits.items():  # fold by fold: a stopped run still compares recipes on whole folds
@@ -154,9 +159,9 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 model.set_views(recipe_views["shifts"], recipe_views["rotations"])
                 x = model.embed_set(split.test)
                 row["errors"][fold] = score(x, split.test, episodes)
-                if center:
-                    twins[name, centred] |= {"epochs": config["epochs"]}
-                    twins[name, centred]["errors"][fold] = score(x, split.test, episodes, center)
+                for label in centred:
+                    twins[name, label]["epochs"] = config["epochs"]
+                    twins[name, label]["errors"][fold] = score(x, split.test, episodes, center)
                 for label, spec in views.items() if model.tta_shifts or model.tta_rotations else ():
                     model.set_views(spec["shifts"], spec["rotations"])
                     twins[name, label]["epochs"] = config["epochs"]
@@ -170,8 +175,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                        *(t for t in twins.values() if t["errors"])]
             print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
     for name, row in zip(recipes, trained):
-        rows += [row, *(twins[name, label] for label in [*views, *([centred] if center else [])]
-                        if twins[name, label]["errors"])]
+        rows += [row, *(twins[name, label] for label in twin_labels(views, center) if twins[name, label]["errors"])]
     return rows
 
 
@@ -296,15 +300,16 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(spec, dict) or set(spec) - {"shifts", "rotations"}:
             parser.error(f"--views {label}: give a JSON list of shifts or an object with shifts and rotations")
         views[label] = {"shifts": spec.get("shifts", []), "rotations": spec.get("rotations", [])}
-    if not 0.0 <= args.center <= 1.0:
-        parser.error(f"--center must lie in [0, 1], got {args.center}")
+    try:
+        check_center(args.center)
+    except ValueError as e:
+        parser.error(f"--center: {e}")
     rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views,
                args.reuse, args.center)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
     if args.seeds > 1 and args.ref in seeds:
-        labels = ["", *(f", {label}" for label in ("no TTA", *views, *([f"centred {args.center:g}"] if args.center
-                                                                         else [])))]
+        labels = ["", *(f", {label}" for label in twin_labels({"no TTA": {}, **views}, args.center))]
         text += "\n\n" + seed_table(summary, {f"{name}{label}": [f"{m}{label}" for m in members]
                                                for name, members in seeds.items() for label in labels}, args.ref)
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"

@@ -35,7 +35,9 @@ def _gallery_result(query: ImageSet, q: np.ndarray, gallery: ImageSet, g: np.nda
                     with_nmi: bool, center: float, report: str | Path | None) -> dict[str, Any]:
     """`evaluate` of the queries against the gallery, centred by `center`; its report from the same embeddings."""
     result = evaluate(q, query.labels, g, gallery.labels, recall_k, with_nmi, center=center)
-    q, g = centred(q, g, center)
+    if report is None:
+        return result
+    q, g = centred(q, g, center)  # the report shows the comparisons that were scored
     return _reported(result, report, query, q, gallery, g)
 
 
