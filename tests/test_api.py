@@ -10,7 +10,6 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,9 +72,8 @@ def test_a_batch_shares_one_inference_call_and_a_bad_image_fails_only_itself(ser
 def test_api_and_page_queries_at_once_all_get_their_own_hits(server, gallery_items, tmp_path: Path) -> None:
     from gradio_client import Client, handle_file
 
-    # one gradio client per thread, as each browser is its own: jobs running at once on one Client share its one
-    # SSE stream, and when the stream closed under them a job failed with CancelledError (once, in a clean clone)
-    clients = threading.local()
+    # a gradio client per page query, as each browser is its own (and as test_ui's eight clients): jobs running at once
+    # on one shared Client share its one SSE stream, and one failed with CancelledError when it closed under them
     paths = []
     for i, (_, _, image) in enumerate(gallery_items):
         paths.append(tmp_path / f"q{i}.png")
@@ -84,9 +82,8 @@ def test_api_and_page_queries_at_once_all_get_their_own_hits(server, gallery_ite
     def one(i: int) -> int:
         item = i % len(gallery_items)
         if i % 2:
-            if not hasattr(clients, "client"):
-                clients.client = Client(server.url, verbose=False, download_files=False, ssl_verify=False)
-            return clients.client.predict(handle_file(str(paths[item])), 3, api_name="/search")[1][0]["id"]
+            client = Client(server.url, verbose=False, download_files=False, ssl_verify=False)
+            return client.predict(handle_file(str(paths[item])), 3, api_name="/search")[1][0]["id"]
         return _search(server.url, _png(gallery_items[item][2]), k=3).json()["hits"][0]["id"]
 
     before = len(server.handlers._search.batch_sizes)
