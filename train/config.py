@@ -138,6 +138,8 @@ class TrainConfig(Section):
     # channels-last weights and batches: auto = on CUDA; true also on the CPU (faster there with oneDNN, but
     # check the model's gradients: docs/command-line.md)
     channels_last: Annotated[Literal["auto"] | bool, BeforeValidator(_auto_or_bool)] = "auto"
+    # freed memory kept in the heap while training (glibc): auto = on a CPU, where steps then reuse pages
+    keep_heap: Annotated[Literal["auto"] | bool, BeforeValidator(_auto_or_bool)] = "auto"
     num_workers: Annotated[int, _at_least(0)] = 0
     cache_images: bool = True
     # V > 0 (with model.freeze): the frozen trunk's outputs for V augmented views of each training image are

@@ -32,6 +32,7 @@ from metricsearch.train.device import amp_dtype, memory_format, resolve_device
 from metricsearch.train.distributed import (
     DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
 )
+from metricsearch.train.heap import keep_heap, kept_heap
 from metricsearch.train.losses.base import MetricLoss, Mined, Weighting
 from metricsearch.train.memory import CrossBatchMemory
 from metricsearch.train.optim import build_optimizer, build_schedule
@@ -44,7 +45,7 @@ from metricsearch.train.trunk_cache import TrunkCache, build_trunk_cache
 PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
 
 #: resuming may change these keys of a run's config (they do not change what it computes)
-RESUMABLE_CHANGES = ("epochs", "log_every")
+RESUMABLE_CHANGES = ("epochs", "log_every", "keep_heap")
 
 
 class TrainingError(MetricsearchError):
@@ -121,6 +122,13 @@ def train(
     only rank 0 evaluates and writes the run directory.
     """
     settings = typed_config(config)
+    with kept_heap(keep_heap(resolve_device(settings.device), settings.keep_heap)):
+        return _train(settings, resume, overwrite, progress, stop_after_epoch)
+
+
+def _train(
+    settings: TrainConfig, resume: bool, overwrite: bool, progress: bool, stop_after_epoch: int | None,
+) -> RunResult:
     setup = build_setup(settings, progress)
     main, board = setup.dist.is_main, None
     try:
@@ -380,7 +388,7 @@ def _prepare_run_dir(settings: TrainConfig, resume: bool, overwrite: bool, write
         if differ:
             raise ValueError(
                 f"--resume: the config differs from the run's saved config in {differ}; "
-                f"only {' and '.join(RESUMABLE_CHANGES)} may change when resuming"
+                f"only {', '.join(RESUMABLE_CHANGES)} may change when resuming"
             )
     elif last.is_file() and not overwrite:
         raise RunExistsError(run_dir)
