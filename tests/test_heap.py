@@ -4,34 +4,46 @@ from __future__ import annotations
 
 import ctypes
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from metricsearch.train.heap import has_glibc, keep_heap, kept_heap
+from metricsearch.train.heap import has_glibc, keep_heap
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+#: run in a fresh process, whose heap no earlier test has grown: how much glibc's separately mapped bytes
+#: (mallinfo2's hblkhd) grow while a 64 MB tensor is alive, before, inside and after `kept_heap`, and with it off
+PROBE = """
+import ctypes, torch
+from metricsearch.train.heap import kept_heap
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-def _mapped_bytes() -> int:
-    """Bytes glibc holds in blocks mapped on their own (mallinfo2's hblkhd)."""
-    mallinfo2 = ctypes.CDLL(None).mallinfo2
-    mallinfo2.restype = _MallInfo2
-    return mallinfo2().hblkhd
+mallinfo2 = ctypes.CDLL(None).mallinfo2
+mallinfo2.restype = MallInfo2
 
-
-def _mapped_while_held(nbytes: int) -> int:
-    """How much glibc's mapped bytes grow while a tensor of `nbytes` is alive."""
-    before = _mapped_bytes()
+def mapped_while_held(nbytes):
+    before = mallinfo2().hblkhd
     block = torch.empty(nbytes, dtype=torch.uint8)
-    grown = _mapped_bytes() - before
+    grown = mallinfo2().hblkhd - before
     del block
     return grown
+
+size = 64 << 20
+grown = [mapped_while_held(size)]
+with kept_heap():
+    grown.append(mapped_while_held(size))
+grown.append(mapped_while_held(size))
+with kept_heap(enabled=False):
+    grown.append(mapped_while_held(size))
+print(*grown)
+"""
 
 
 def test_the_heap_is_kept_on_a_cpu_with_glibc_and_where_asked() -> None:
@@ -50,13 +62,10 @@ def test_the_heap_is_kept_on_a_cpu_with_glibc_and_where_asked() -> None:
 @pytest.mark.skipif(not has_glibc() or not hasattr(ctypes.CDLL(None), "mallinfo2"),
                     reason="needs glibc 2.33 or later (mallinfo2)")
 def test_inside_kept_heap_large_tensors_are_not_mapped_and_afterwards_they_are_again() -> None:
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
+    before, inside, after, off = (int(x) for x in done.stdout.split())
     size = 64 << 20  # above glibc's largest mmap threshold (32 MB): mapped on its own by default
-    assert _mapped_while_held(size) >= size
-    with kept_heap():
-        assert _mapped_while_held(size) == 0
-    assert _mapped_while_held(size) >= size
-    with kept_heap(enabled=False):
-        assert _mapped_while_held(size) >= size
+    assert before >= size and inside == 0 and after >= size and off >= size
 
 
 def test_keep_heap_may_change_when_a_run_resumes_and_other_values_are_refused(tmp_path) -> None:
