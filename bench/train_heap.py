@@ -4,8 +4,8 @@ Each case trains a few short epochs with `metricsearch train`, once with `keep_h
 glibc's default: blocks over 32 MB are mapped afresh for each tensor and unmapped when freed) and once with
 `keep_heap: true`, in alternating child processes, `--repeats` times each. The table gives the images per second
 of the last epoch (the median over the repeats), the wall time of the whole command (a trunk cache is built before
-the first epoch), its system CPU time, page faults and peak resident memory, and the ratios to the reference. The weights must come out the same: the
-bench checks that both arms end with the same loss.
+the first epoch), its system CPU time, page faults and peak resident memory, and the ratios to the reference. The
+weights must come out the same: the bench checks that both arms end with the same loss.
 
 Run from the repository root: `python bench/train_heap.py` (configs/omniglot.yaml, its CNN on the shipped
 background sets; configs/grocery.yaml, EfficientNet-Lite0 at 224 px on ../shared/data/grocery, on its cached frozen
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -39,15 +40,16 @@ def run_once(config: str, overrides: list[str], keep: bool, out: Path) -> dict:
     """One `metricsearch train` in a child process: its last epoch's metrics and its resource use."""
     name = f"heap-{keep}"
     command = [shutil.which("metricsearch") or "metricsearch", "train", "--config", config, "--quiet",
-               "--output-dir", str(out), "--overwrite", *(x for o in [*overrides, f"name={name}",
-                                                                       f"keep_heap={str(keep).lower()}"]
-                                                           for x in ("--set", o))]
-    t0 = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - t0
+               "--output-dir", str(out), "--overwrite", "--set", *overrides, f"name={name}",
+               f"keep_heap={str(keep).lower()}"]
+    log = out / f"{name}.stderr"
+    with open(log, "w") as stderr:  # a file, not a pipe: the child never blocks on a full pipe while we wait
+        t0 = time.perf_counter()
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        _, status, usage = os.wait4(child.pid, 0)  # the child's own resource use, peak memory included
+        wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{child.stderr.read()}")
+        raise SystemExit(f"{shlex.join(command)} failed:\n{log.read_text()}")
     last = json.loads((out / name / "metrics.jsonl").read_text().splitlines()[-1])
     return {"images_per_s": last["images_per_s"], "loss": last["loss"], "wall_s": wall, "sys_s": usage.ru_stime,
             "minor_faults": usage.ru_minflt, "peak_rss_mb": usage.ru_maxrss / 1024}
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         import torch
 
-        command = "python bench/train_heap.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]) if a)
+        command = f"python bench/train_heap.py {shlex.join(argv if argv is not None else sys.argv[1:])}".strip()
         args.results.with_suffix(".md").write_text(
             f"# Training with freed memory kept in the heap\n\n`{command}`, {torch.get_num_threads()} threads, "
             f"CPU capability {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}. Medians over "
