@@ -16,9 +16,10 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
 #: run in a fresh process, whose heap no earlier test has grown: how much glibc's separately mapped bytes
-#: (mallinfo2's hblkhd) grow while a 64 MB tensor is alive, before, inside and after `kept_heap`, and with it off
+#: (mallinfo2's hblkhd) grow while a tensor of argv[1] bytes is alive, before, inside and after `kept_heap`,
+#: and with it off
 PROBE = """
-import ctypes, torch
+import ctypes, sys, torch
 from metricsearch.train.heap import kept_heap
 
 class MallInfo2(ctypes.Structure):
@@ -35,7 +36,7 @@ def mapped_while_held(nbytes):
     del block
     return grown
 
-size = 64 << 20
+size = int(sys.argv[1])
 grown = [mapped_while_held(size)]
 with kept_heap():
     grown.append(mapped_while_held(size))
@@ -62,9 +63,9 @@ def test_the_heap_is_kept_on_a_cpu_with_glibc_and_where_asked() -> None:
 @pytest.mark.skipif(not has_glibc() or not hasattr(ctypes.CDLL(None), "mallinfo2"),
                     reason="needs glibc 2.33 or later (mallinfo2)")
 def test_inside_kept_heap_large_tensors_are_not_mapped_and_afterwards_they_are_again() -> None:
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
-    before, inside, after, off = (int(x) for x in done.stdout.split())
     size = 64 << 20  # above glibc's largest mmap threshold (32 MB): mapped on its own by default
+    done = subprocess.run([sys.executable, "-c", PROBE, str(size)], capture_output=True, text=True, check=True)
+    before, inside, after, off = (int(x) for x in done.stdout.split())
     assert before >= size and inside == 0 and after >= size and off >= size
 
 
