@@ -224,20 +224,32 @@ def table(summary: list[dict[str, Any]], episodes: int, ref: str = "current") ->
 
 
 def seed_table(summary: list[dict[str, Any]], seeds: dict[str, list[str]], ref: str) -> str:
-    """Within-alphabet error per seed, and the paired difference to `ref` seed by seed, with a Student t
-    95% interval over the seeds: it covers the training's own noise, which the episode intervals do not."""
-    error = {s["recipe"]: 100 * s["within_alphabet"][0] for s in summary}
+    """Within-alphabet error per seed, and the paired difference to `ref` seed by seed, pooled and for each fold,
+    with a Student t 95% interval over the seeds: it covers the training's own noise, which the episode intervals
+    do not."""
+    rows = {s["recipe"]: s for s in summary}
+    folds = list(summary[0]["within_alphabet_by_fold"])
     n = len(seeds[ref])
-    lines = [f"Within-alphabet error in % by seed; vs {ref}: mean of the {n} seed-by-seed differences, [t 95% CI]",
-             "", f"| recipe | {' | '.join(f'seed {k}' for k in range(n))} | mean | vs {ref} |",
-             f"|---|{'---:|' * (n + 2)}"]
-    for name, members in seeds.items():
-        if not all(m in error for m in members):
-            continue
-        values = np.array([error[m] for m in members])
-        d = values - np.array([error[m] for m in seeds[ref]])
+
+    def errors(members: list[str], fold: str | None = None) -> np.ndarray:
+        return np.array([100 * (rows[m]["within_alphabet"][0] if fold is None else
+                                rows[m]["within_alphabet_by_fold"][fold]) for m in members])
+
+    def paired(members: list[str], fold: str | None = None) -> str:
+        d = errors(members, fold) - errors(seeds[ref], fold)
         half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / np.sqrt(n)
-        vs = f"{d.mean():+.2f} [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]" if name != ref else ""
+        return f"{d.mean():+.2f} [{d.mean() - half:+.2f}, {d.mean() + half:+.2f}]"
+
+    by_fold = "".join(f" vs {ref}, fold {f} |" for f in folds)
+    lines = [f"Within-alphabet error in % by seed; vs {ref}: mean of the {n} seed-by-seed differences, [t 95% CI], "
+             "both folds pooled and each fold alone",
+             "", f"| recipe | {' | '.join(f'seed {k}' for k in range(n))} | mean | vs {ref} |{by_fold}",
+             f"|---|{'---:|' * (n + 2 + len(folds))}"]
+    for name, members in seeds.items():
+        if not all(m in rows for m in members):
+            continue
+        values = errors(members)
+        vs = " | ".join([paired(members), *(paired(members, f) for f in folds)]) if name != ref else " |" * len(folds)
         lines.append(f"| {name} | {' | '.join(f'{v:.1f}' for v in values)} | {values.mean():.2f} | {vs} |")
     return "\n".join(lines)
 
