@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 from PIL import Image
 
-RESIZE_POLICIES = ("stretch", "shorter_center_crop")
+RESIZE_POLICIES = ("stretch", "shorter_center_crop", "ink_box")
+#: ink_box: the ink's longer side fills this fraction of the square it is centred in
+INK_FILL = 0.8
+#: ink_box: a pixel is ink when its grey level differs from the background's (the border's median) by more than this
+INK_CONTRAST = 64
 
 
 @dataclass(frozen=True)
@@ -20,7 +24,7 @@ class Preprocessing:
     channels: int = 1
     mean: tuple[float, ...] = (0.5,)
     std: tuple[float, ...] = (0.5,)
-    resize: str = "stretch"
+    resize: str = "stretch"  # or shorter_center_crop (photos) or ink_box (drawings: the square around the ink)
     crop_ratio: float = 0.875  # shorter_center_crop: shorter side to size / crop_ratio, then crop
     interpolation: str = "bilinear"
 
@@ -47,6 +51,8 @@ class Preprocessing:
         """The image converted to the right mode and resized to size x size by the policy."""
         image = image if image.mode == self.mode else image.convert(self.mode)
         resample = getattr(Image.Resampling, self.interpolation.upper())
+        if self.resize == "ink_box":
+            return ink_square(image).resize((self.size, self.size), resample)
         box = self.crop_box(*image.size) if self.resize == "shorter_center_crop" else None
         return image.resize((self.size, self.size), resample, box=box)
 
@@ -110,3 +116,31 @@ class Preprocessing:
         """Inverse of `to_json`."""
         return cls.from_dict(json.loads(text))
 
+
+
+def ink_square(image: Image.Image) -> Image.Image:
+    """The square around a drawing's ink (centred on its bounding box, the longer side INK_FILL of it), padded
+    with the background's colour where it leaves the image; the whole image when it has no ink."""
+    grey = image if image.mode == "L" else image.convert("L")
+    level = int(np.median(_border(np.asarray(grey))))
+    box = grey.point(_ink_table(level)).getbbox()
+    if box is None:
+        return image
+    left, top, right, bottom = box
+    side = max(1, round(max(bottom - top, right - left) / INK_FILL))
+    x0, y0 = (left + right - side) // 2, (top + bottom - side) // 2
+    background = level if image.mode == "L" else tuple(int(v) for v in np.median(_border(np.asarray(image)), axis=0))
+    square = Image.new(image.mode, (side, side), background)
+    square.paste(image, (-x0, -y0))
+    return square
+
+
+def _border(pixels: np.ndarray) -> np.ndarray:
+    """The pixels of an image's four edges."""
+    return np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
+
+
+@lru_cache(maxsize=256)
+def _ink_table(level: int) -> list[int]:
+    """Pillow's point table: 255 for grey levels that are ink on a background of `level`, else 0."""
+    return [255 * (abs(v - level) > INK_CONTRAST) for v in range(256)]

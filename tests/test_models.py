@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from metricsearch.models import Preprocessing
+from metricsearch.models.preprocessing import INK_FILL, ink_square
 from metricsearch.models.torch_embedder import build_embedder, load_embedder
 from metricsearch.models.backbones import BACKBONES
 
@@ -29,6 +30,29 @@ def test_stretch_keeps_the_whole_image_and_crop_keeps_the_centre() -> None:
     crop = Preprocessing(size=12, resize="shorter_center_crop")(image)
     assert stretch[0, :, 0].min() > 0.9  # normalised white is (1 - 0.5) / 0.5 = 1
     assert crop[0].max() < -0.9  # the band is cropped away
+
+
+@pytest.mark.parametrize("box", [(10, 30, 40, 45), (0, 0, 12, 60), (70, 50, 100, 100)])
+def test_ink_box_centres_the_ink_and_fills_the_set_fraction(box) -> None:
+    """ink_box: a dark stroke anywhere on white ends centred, its longer side INK_FILL of the square."""
+    image = Image.new("L", (100, 100), 255)
+    image.paste(0, box)
+    ink = np.asarray(ink_square(image)) < 128
+    rows, cols = np.nonzero(ink)
+    side = max(box[2] - box[0], box[3] - box[1])
+    assert ink.shape[0] == ink.shape[1] == round(side / INK_FILL)
+    assert max(rows.max() + 1 - rows.min(), cols.max() + 1 - cols.min()) == side  # the ink is whole, not clipped
+    assert abs((rows.min() + rows.max() + 1) - ink.shape[0]) <= 1 and abs((cols.min() + cols.max() + 1) - ink.shape[1]) <= 1
+    assert np.asarray(ink_square(image))[~ink].min() == 255  # padded with the background's white
+
+
+def test_ink_box_pads_with_the_background_colour_and_keeps_a_blank_image() -> None:
+    photo = Image.new("RGB", (50, 40), (200, 220, 240))
+    photo.paste((0, 0, 0), (10, 10, 30, 14))
+    out = Preprocessing(size=10, channels=3, mean=(0.5,) * 3, std=(0.5,) * 3, resize="ink_box").resized(photo)
+    assert out.size == (10, 10) and np.asarray(out)[0, 0].tolist() == [200, 220, 240]
+    blank = Image.new("L", (30, 20), 255)
+    assert ink_square(blank) is blank
 
 
 def _resized_then_cropped(pre: Preprocessing, image: Image.Image) -> np.ndarray:
