@@ -117,7 +117,6 @@ class Preprocessing:
         return cls.from_dict(json.loads(text))
 
 
-
 def ink_square(image: Image.Image) -> Image.Image:
     """The square around a drawing's ink (centred on its bounding box, the longer side INK_FILL of it), padded
     with the background's colour where it leaves the image; the whole image when it has no ink."""
@@ -127,7 +126,7 @@ def ink_square(image: Image.Image) -> Image.Image:
     if box is None:
         return image
     left, top, right, bottom = box
-    side = max(1, round(max(bottom - top, right - left) / INK_FILL))
+    side = round(max(bottom - top, right - left) / INK_FILL)  # >= 1: the box holds a pixel and INK_FILL <= 1
     x0, y0 = (left + right - side) // 2, (top + bottom - side) // 2
     background = level if image.mode == "L" else tuple(int(v) for v in np.median(_border(np.asarray(image)), axis=0))
     square = Image.new(image.mode, (side, side), background)

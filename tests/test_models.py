@@ -42,7 +42,8 @@ def test_ink_box_centres_the_ink_and_fills_the_set_fraction(box) -> None:
     side = max(box[2] - box[0], box[3] - box[1])
     assert ink.shape[0] == ink.shape[1] == round(side / INK_FILL)
     assert max(rows.max() + 1 - rows.min(), cols.max() + 1 - cols.min()) == side  # the ink is whole, not clipped
-    assert abs((rows.min() + rows.max() + 1) - ink.shape[0]) <= 1 and abs((cols.min() + cols.max() + 1) - ink.shape[1]) <= 1
+    assert abs((rows.min() + rows.max() + 1) - ink.shape[0]) <= 1  # centred: as much white above as below
+    assert abs((cols.min() + cols.max() + 1) - ink.shape[1]) <= 1
     assert np.asarray(ink_square(image))[~ink].min() == 255  # padded with the background's white
 
 
