@@ -74,6 +74,16 @@ def time_ms(fn: LossFn, emb: Tensor, labels: Tensor, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
+def attempt_ms(make: Callable[[], LossFn], emb: Tensor, labels: Tensor, repeats: int) -> float | str:
+    """`time_ms` of the loss `make` builds, or `error: NAME` where it cannot run on this batch (out of memory, say)."""
+    try:
+        return time_ms(make(), emb, labels, repeats)
+    except Exception as error:  # reported in the table, not fatal
+        if emb.is_cuda:
+            torch.cuda.empty_cache()
+        return f"error: {type(error).__name__}"
+
+
 def ours(name: str, labels: Tensor, device: torch.device) -> LossFn:
     """Our loss `name` with its defaults; class statistics, where it takes them, from the batch."""
     classes, counts = torch.unique(labels, return_counts=True)
@@ -99,10 +109,8 @@ def bench_device(args: argparse.Namespace, device: torch.device) -> None:
         for name in names():
             torch.manual_seed(0)
             emb, labels = batch(size, args.dim, device)
-            try:
-                ours_ms = f"{time_ms(ours(name, labels, device), emb, labels, args.repeats):.2f}"
-            except Exception as error:  # a loss that cannot run on this batch is reported, not fatal
-                ours_ms = f"error: {type(error).__name__}"
+            mine = attempt_ms(lambda: ours(name, labels, device), emb, labels, args.repeats)
+            ours_ms = mine if isinstance(mine, str) else f"{mine:.2f}"
             pml_ms, ratio = "-", "-"
             if name in equivalents:
                 prev = last_pml.get(name)
@@ -111,11 +119,12 @@ def bench_device(args: argparse.Namespace, device: torch.device) -> None:
                 if projected > args.pml_timeout_s:
                     pml_ms = f"skipped (>{args.pml_timeout_s:g}s)"
                 else:
-                    value = time_ms(equivalents[name](), emb, labels, args.repeats)
-                    last_pml[name] = (size, value / 1e3)
-                    pml_ms = f"{value:.2f}"
-                    if not ours_ms.startswith("error"):
-                        ratio = f"{float(ours_ms) / value:.2f}"
+                    value = attempt_ms(equivalents[name], emb, labels, args.repeats)
+                    pml_ms = value if isinstance(value, str) else f"{value:.2f}"
+                    if not isinstance(value, str):
+                        last_pml[name] = (size, value / 1e3)
+                        if not isinstance(mine, str):
+                            ratio = f"{mine / value:.2f}"
             print(f"| {name} | {size} | {ours_ms} | {pml_ms} | {ratio} |", flush=True)
 
 

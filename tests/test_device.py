@@ -56,7 +56,7 @@ def test_bf16_detection_follows_onednns_isa_limit_and_the_trainer_falls_back(lim
     probe = ("from metricsearch.train.device import cpu_has_native_bf16; "
              "from metricsearch.train.config import load_config, typed_config; "
              "from metricsearch.train.trainer import build_setup; "
-             "s = build_setup(typed_config(load_config(None, ['amp=bf16', 'model.dim=16']))); "
+             "s = build_setup(typed_config(load_config(None, ['amp=bf16', 'model.dim=16', 'device=cpu']))); "
              "print(cpu_has_native_bf16(), s.autocast)")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": limit}  # the oneDNN of a CPU without bf16 instructions
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
