@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 RESIZE_POLICIES = ("stretch", "shorter_center_crop", "ink_box")
-#: ink_box: the ink's longer side fills this fraction of the square it is centred in
+#: ink_box's default `ink_fill`: the ink's longer side fills this fraction of the square it is centred in
 INK_FILL = 0.8
 #: ink_box: a pixel is ink when its grey level differs from the background's (the border's median) by more than this
 INK_CONTRAST = 64
@@ -26,6 +26,7 @@ class Preprocessing:
     std: tuple[float, ...] = (0.5,)
     resize: str = "stretch"  # or shorter_center_crop (photos) or ink_box (drawings: the square around the ink)
     crop_ratio: float = 0.875  # shorter_center_crop: shorter side to size / crop_ratio, then crop
+    ink_fill: float = INK_FILL  # ink_box: the fraction of the square that the ink's longer side fills
     interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
@@ -35,6 +36,8 @@ class Preprocessing:
             raise ValueError(f"preprocessing size must be >= 8 pixels, got {self.size}")
         if self.resize not in RESIZE_POLICIES:
             raise ValueError(f"preprocessing resize must be one of {RESIZE_POLICIES}, got {self.resize!r}")
+        if not 0 < self.ink_fill <= 1:
+            raise ValueError(f"preprocessing ink_fill must be in (0, 1], got {self.ink_fill}")
         if len(self.mean) != self.channels or len(self.std) != self.channels:
             raise ValueError(
                 f"preprocessing mean/std need {self.channels} value(s) each, got {self.mean} / {self.std}"
@@ -52,7 +55,7 @@ class Preprocessing:
         image = image if image.mode == self.mode else image.convert(self.mode)
         resample = getattr(Image.Resampling, self.interpolation.upper())
         if self.resize == "ink_box":
-            return ink_square(image).resize((self.size, self.size), resample)
+            return ink_square(image, self.ink_fill).resize((self.size, self.size), resample)
         box = self.crop_box(*image.size) if self.resize == "shorter_center_crop" else None
         return image.resize((self.size, self.size), resample, box=box)
 
@@ -117,8 +120,8 @@ class Preprocessing:
         return cls.from_dict(json.loads(text))
 
 
-def ink_square(image: Image.Image) -> Image.Image:
-    """The square around a drawing's ink (centred on its bounding box, the longer side INK_FILL of it), padded
+def ink_square(image: Image.Image, fill: float = INK_FILL) -> Image.Image:
+    """The square around a drawing's ink (centred on its bounding box, the longer side `fill` of it), padded
     with the background's colour where it leaves the image; the whole image when it has no ink."""
     grey = image if image.mode == "L" else image.convert("L")
     level = int(np.median(_border(np.asarray(grey))))
@@ -126,7 +129,7 @@ def ink_square(image: Image.Image) -> Image.Image:
     if box is None:
         return image
     left, top, right, bottom = box
-    side = round(max(bottom - top, right - left) / INK_FILL)  # >= 1: the box holds a pixel and INK_FILL <= 1
+    side = round(max(bottom - top, right - left) / fill)  # >= 1: the box holds a pixel and fill <= 1
     x0, y0 = (left + right - side) // 2, (top + bottom - side) // 2
     background = level if image.mode == "L" else tuple(int(v) for v in np.median(_border(np.asarray(image)), axis=0))
     square = Image.new(image.mode, (side, side), background)

@@ -32,19 +32,33 @@ def test_stretch_keeps_the_whole_image_and_crop_keeps_the_centre() -> None:
     assert crop[0].max() < -0.9  # the band is cropped away
 
 
+@pytest.mark.parametrize("fill", [INK_FILL, 0.5, 1.0])
 @pytest.mark.parametrize("box", [(10, 30, 40, 45), (0, 0, 12, 60), (70, 50, 100, 100)])
-def test_ink_box_centres_the_ink_and_fills_the_set_fraction(box) -> None:
-    """ink_box: a dark stroke anywhere on white ends centred, its longer side INK_FILL of the square."""
+def test_ink_box_centres_the_ink_and_fills_the_set_fraction(box, fill) -> None:
+    """ink_box: a dark stroke anywhere on white ends centred, its longer side `fill` of the square."""
     image = Image.new("L", (100, 100), 255)
     image.paste(0, box)
-    ink = np.asarray(ink_square(image)) < 128
+    ink = np.asarray(ink_square(image, fill)) < 128
     rows, cols = np.nonzero(ink)
     side = max(box[2] - box[0], box[3] - box[1])
-    assert ink.shape[0] == ink.shape[1] == round(side / INK_FILL)
+    assert ink.shape[0] == ink.shape[1] == round(side / fill)
     assert max(rows.max() + 1 - rows.min(), cols.max() + 1 - cols.min()) == side  # the ink is whole, not clipped
     assert abs((rows.min() + rows.max() + 1) - ink.shape[0]) <= 1  # centred: as much white above as below
     assert abs((cols.min() + cols.max() + 1) - ink.shape[1]) <= 1
-    assert np.asarray(ink_square(image))[~ink].min() == 255  # padded with the background's white
+    assert np.asarray(ink_square(image, fill))[~ink].min() == 255  # padded with the background's white
+
+
+def test_ink_fill_travels_with_the_preprocessing_and_is_checked() -> None:
+    pre = Preprocessing(resize="ink_box", ink_fill=0.9)
+    assert Preprocessing.from_json(pre.to_json()) == pre
+    assert Preprocessing.from_dict({"resize": "ink_box"}).ink_fill == INK_FILL  # metadata written before the key
+    image = Image.new("L", (100, 100), 255)
+    image.paste(0, (20, 20, 60, 40))
+    ink = np.asarray(Preprocessing(size=45, resize="ink_box", ink_fill=0.9).resized(image)) < 128
+    assert np.ptp(np.nonzero(ink)[1]) + 1 in (40, 41)  # 40 px of ink in a 44 px square, resized to 45
+    for bad in (0, 1.2):
+        with pytest.raises(ValueError, match="ink_fill"):
+            Preprocessing(resize="ink_box", ink_fill=bad)
 
 
 def test_ink_box_pads_with_the_background_colour_and_keeps_a_blank_image() -> None:

@@ -70,6 +70,7 @@ class PreprocessingKeys(Section):
     std: list[float] | None = None
     resize: str | None = None
     crop_ratio: float | None = None
+    ink_fill: float | None = None
     interpolation: str | None = None
 
 
