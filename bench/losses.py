@@ -84,6 +84,11 @@ def attempt_ms(make: Callable[[], LossFn], emb: Tensor, labels: Tensor, repeats:
         return f"error: {type(error).__name__}"
 
 
+def cell(ms: float | str) -> str:
+    """A table cell for `attempt_ms`'s answer: milliseconds to 2 decimals, or its error as it is."""
+    return ms if isinstance(ms, str) else f"{ms:.2f}"
+
+
 def ours(name: str, labels: Tensor, device: torch.device) -> LossFn:
     """Our loss `name` with its defaults; class statistics, where it takes them, from the batch."""
     classes, counts = torch.unique(labels, return_counts=True)
@@ -110,7 +115,7 @@ def bench_device(args: argparse.Namespace, device: torch.device) -> None:
             torch.manual_seed(0)
             emb, labels = batch(size, args.dim, device)
             mine = attempt_ms(lambda: ours(name, labels, device), emb, labels, args.repeats)
-            ours_ms = mine if isinstance(mine, str) else f"{mine:.2f}"
+            ours_ms = cell(mine)
             pml_ms, ratio = "-", "-"
             if name in equivalents:
                 prev = last_pml.get(name)
@@ -120,7 +125,7 @@ def bench_device(args: argparse.Namespace, device: torch.device) -> None:
                     pml_ms = f"skipped (>{args.pml_timeout_s:g}s)"
                 else:
                     value = attempt_ms(equivalents[name], emb, labels, args.repeats)
-                    pml_ms = value if isinstance(value, str) else f"{value:.2f}"
+                    pml_ms = cell(value)
                     if not isinstance(value, str):
                         last_pml[name] = (size, value / 1e3)
                         if not isinstance(mine, str):

@@ -17,7 +17,8 @@ are pooled: error = mean episode error, with its 95% confidence interval; "vs cu
 difference to the current recipe (or the `--ref` row) on the very same episodes. The raw-pixel baseline
 needs no training. `--views LABEL VIEWS` adds rows of the same weights scored with other test-time views;
 `--seeds N` trains every recipe with N seeds and adds the paired differences over seeds, whose intervals
-also cover the training's own noise (one seed moves the error by up to half a point).
+also cover the training's own noise (one seed moves the error by up to half a point); `--scored` joins the
+rows of an earlier run's RESULTS.json to that table instead of training them again.
 
 Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
 ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
@@ -170,7 +171,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 print(f"{name} fold {fold}: {row['train_s'][fold]:.0f} s (load {row['load'][fold]:.1f}), "
                       f"within {e['within_alphabet'].mean():.4f}, across {e['across_alphabets'].mean():.4f}",
                       file=sys.stderr, flush=True)
-            done = list(trained[0]["errors"])
+            done = list(splits)[:list(splits).index(fold) + 1]
             partial = [{**rows[0], "errors": {f: rows[0]["errors"][f] for f in done}}, *trained,
                        *(t for t in twins.values() if t["errors"])]
             print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
@@ -282,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1,
                         help="train every recipe with seeds 0..N-1 (rows NAME, NAMEs1, ...) and add a table of the "
                              "paired differences to --ref over the seeds, with t intervals (N >= 2)")
+    parser.add_argument("--scored", type=Path, action="append", default=[], metavar="RESULTS.json",
+                        help="rows already scored by an earlier run of this script with the same data and "
+                             "episodes (its RESULTS.json): those recipes are not trained again and join the seed "
+                             "table, so `--seeds 8 --scored FOUR_SEEDS.json` trains seeds 4-7 only")
     parser.add_argument("--folds", nargs="+", default=list(FOLDS), choices=list(FOLDS), help="folds to run")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
     args = parser.parse_args(argv)
@@ -301,6 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reuse needs --keep FOLDER, the folder of the earlier runs")
     if args.ref not in ("pixels", *recipes):
         parser.error(f"--ref {args.ref} is not among the rows: pixels, {', '.join(recipes)}")
+    missing = [str(path) for path in args.scored if not path.is_file()]
+    if missing:
+        parser.error(f"--scored: no such file: {', '.join(missing)}")
+    earlier = [row for path in args.scored for row in json.loads(path.read_text())]
+    recipes = [name for name in recipes if name not in {row["recipe"] for row in earlier}]
     t0 = time.perf_counter()
     views = {}
     for label, text in args.views:
@@ -322,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(summary, args.episodes, args.ref)
     if args.seeds > 1 and args.ref in seeds:
         labels = ["", *(f", {label}" for label in twin_labels({"no TTA": {}, **views}, args.center))]
-        text += "\n\n" + seed_table(summary, {f"{name}{label}": [f"{m}{label}" for m in members]
+        text += "\n\n" + seed_table([*earlier, *summary], {f"{name}{label}": [f"{m}{label}" for m in members]
                                                for name, members in seeds.items() for label in labels}, args.ref)
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
     text += f"\nTotal wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores."
