@@ -139,7 +139,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
               for name, row in zip(recipes, trained) for label in centred}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
-        for fold, split in splits.items():  # fold by fold: a stopped run still compares recipes on whole folds
+        for k, (fold, split) in enumerate(splits.items()):  # fold by fold: a stopped run still compares recipes on whole folds
             for name, row in zip(recipes, trained):
                 base, overrides, _ = RECIPES[name]
                 config = recipe_config(name, base, [*overrides, *extra], fold, data, out, scale)
@@ -171,7 +171,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 print(f"{name} fold {fold}: {row['train_s'][fold]:.0f} s (load {row['load'][fold]:.1f}), "
                       f"within {e['within_alphabet'].mean():.4f}, across {e['across_alphabets'].mean():.4f}",
                       file=sys.stderr, flush=True)
-            done = list(splits)[:list(splits).index(fold) + 1]
+            done = list(splits)[:k + 1]
             partial = [{**rows[0], "errors": {f: rows[0]["errors"][f] for f in done}}, *trained,
                        *(t for t in twins.values() if t["errors"])]
             print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
