@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("datasets", _cmd_datasets, "List the data set adapters and their spec strings.")
     add("losses", _cmd_losses, "List every loss with its parameters and defaults.")
     add("samplers", _cmd_samplers, "List the batch samplers, miners and pair weightings with their parameters.")
-    add("optimizers", _cmd_optimizers, "List the optimizers, learning-rate schedules and augmentations with their parameters.")
+    add("optimizers", _cmd_optimizers,
+        "List the optimizers, learning-rate schedules and augmentations with their parameters.")
 
     p = add("inspect-loss", _cmd_inspect_loss, "Plot each loss's pair weights |dL/dS_ij| against similarity "
             "for one batch (General Pair Weighting): positives and negatives in two colours.")

@@ -213,7 +213,8 @@ def _sample_search(dataset: str, db: Path, log: Callable[[str], None], k: int = 
     which = "each test class" if len(rows) == len(first) else f"the first {len(rows)} of the {len(first)} test classes"
     lines = [f"sample searches: the first test image of {which} and its {k} nearest (label score #id); "
              "the image itself is in the gallery, so it comes first:"]
-    lines += [f"  {row['query_label']:>8}: " + " | ".join(f"{h['label']} {h['score']:.3f} #{h['id']}" for h in row["hits"])
+    lines += [f"  {row['query_label']:>8}: "
+              + " | ".join(f"{h['label']} {h['score']:.3f} #{h['id']}" for h in row["hits"])
               for row in sample]
     log("\n".join(lines))
     return sample, examples

@@ -156,7 +156,8 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
         p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
         p.add_argument("--json", action="store_true", help="print the summary as one JSON object, no progress bar")
         p.add_argument("--engine", choices=["local", "ray"], default="local", help="where images are read and "
-                       "embedded: local threads, or a Ray cluster (needs the `scale` extra); one writer here either way")
+                       "embedded: local threads, or a Ray cluster (needs the `scale` extra); one writer here "
+                       "either way")
         p.add_argument("--ray-address", help="the Ray cluster to use with --engine ray (default: start a local one)")
         p.add_argument("--ray-actors", type=int, help="embedding actors with --engine ray (default: one per GPU of "
                        "the cluster, else half its CPUs)")
@@ -165,10 +166,11 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
                 "failed counts and seconds per stage, and writes DIR/report.json with each failed file and why.")
     p.add_argument("--model", required=True, help="the exported .onnx embedder")
     images(p)
-    p.add_argument("--index", help="auto (builds the candidates that fit in memory: IVF-Flat, IVF with an HNSW quantizer "
-                   "for large galleries, HNSW, exact search for small ones, compressed codes when memory is short; tunes each "
-                   "to recall@10 0.95, times each, keeps the fastest), flat, ivf, ivfpq, hnsw, or a faiss factory string "
-                   "(default: auto); with --resume, replaces the request of an unfinished build")
+    p.add_argument("--index", help="auto (builds the candidates that fit in memory: IVF-Flat, IVF with an HNSW "
+                   "quantizer for large galleries, HNSW, exact search for small ones, compressed codes when memory "
+                   "is short; tunes each to recall@10 0.95, times each, keeps the fastest), flat, ivf, ivfpq, hnsw, "
+                   "or a faiss factory string (default: auto); with --resume, replaces the request of an unfinished "
+                   "build")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build where its committed work ends")
     p.add_argument("--overwrite", action="store_true", help="replace a gallery that is already in --db")
     p.add_argument("--thumbnail-size", type=int, default=256, help="long side of the stored thumbnails, in pixels")
@@ -186,12 +188,14 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     which.add_argument("--label", help="remove every item with this label")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    for name, func, text in (("info", _info, "Model, dimension, count, index type and search parameters, size on disk."),
+    for name, func, text in (("info", _info,
+                              "Model, dimension, count, index type and search parameters, size on disk."),
                              ("rebuild", _rebuild, "Build the faiss index again from the stored embeddings (drops "
                               "removed ids an HNSW index still holds; --index changes its type).")):
         p = sub_add(name, func, text)
         p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
-        p.add_argument("--json", action="store_true", help="print one JSON object (keys include count, dim, index_type)")
+        p.add_argument("--json", action="store_true",
+                       help="print one JSON object (keys include count, dim, index_type)")
         if name == "rebuild":
             p.add_argument("--index", help="index type for the new index (default: the one asked for at build)")
 

@@ -74,8 +74,9 @@ def run_autofaiss(vectors: np.ndarray, budget_ms: float) -> tuple[dict | None, d
     defaults = {"index": infos["index_key"], "params": infos["index_param"], "build_s": build_s, "object": index,
                 "memory_mb": index_bytes_at(index, len(vectors)) / 1e6}
     start = time.perf_counter()
-    again = autofaiss.tune_index(faiss.clone_index(index), infos["index_key"], save_on_disk=False, verbose=logging.WARNING,
-                                 min_nearest_neighbors_to_retrieve=K, max_index_query_time_ms=budget_ms)
+    again = autofaiss.tune_index(faiss.clone_index(index), infos["index_key"], save_on_disk=False,
+                                 verbose=logging.WARNING, min_nearest_neighbors_to_retrieve=K,
+                                 max_index_query_time_ms=budget_ms)
     tune_s = time.perf_counter() - start
     inner = faiss.downcast_index(again)
     param = f"efSearch={inner.hnsw.efSearch}" if isinstance(inner, faiss.IndexHNSW) else "(autofaiss's)"
@@ -107,8 +108,8 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndar
         points.append({"value": value, "recall_at_10": recall(index, queries, exact), "object": index, "param": name})
         if points[-1]["recall_at_10"] > 0.995:
             break
-    return {"index": factory, "param": name, "build_s": build_s, "tune_s": tune_s, "memory_mb": index_bytes_at(index, n) / 1e6,
-            "points": points}
+    return {"index": factory, "param": name, "build_s": build_s, "tune_s": tune_s,
+            "memory_mb": index_bytes_at(index, n) / 1e6, "points": points}
 
 
 def bench(n: int) -> dict:
@@ -120,7 +121,8 @@ def bench(n: int) -> dict:
     index, report = build_index(vectors)
     out["auto"] = {"index": report["factory"], "params": report["params"], "build_s": time.perf_counter() - start,
                    "report": report, "object": index, "memory_mb": index_bytes_at(index, n) / 1e6}
-    print(json.dumps({"n": n, "auto": {k: v for k, v in out["auto"].items() if k not in ("report", "object")}}), flush=True)
+    print(json.dumps({"n": n, "auto": {k: v for k, v in out["auto"].items() if k not in ("report", "object")}}),
+          flush=True)
     (name, value), = report["params"].items() or [(None, None)]
     out["auto"].update(param=name, value=value)  # set again before each timed call: a sweep may share the index
     out["sweeps"] = [sweep(f, vectors, queries, exact) for f in SWEEP]
@@ -154,7 +156,8 @@ def first_at(sweep_: dict, recall: float) -> dict | None:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| N | method | index | setting | build + tune (s) | recall@10 | QPS batch 256 | p50 batch 1 (ms) | memory (MB) |",
+    lines = ["| N | method | index | setting | build + tune (s) | recall@10 | QPS batch 256 | p50 batch 1 (ms) | "
+             "memory (MB) |",
              "|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
         rows = [("metricsearch auto", r["auto"]), ("autofaiss defaults", r["autofaiss_defaults"]),
@@ -163,32 +166,38 @@ def table(results: list[dict]) -> str:
             if m is None:
                 lines.append(f"| {r['n']:,} | {name} | not run: autofaiss is not installed | | | | | | |")
                 continue
-            params = m["params"] if isinstance(m["params"], str) else ",".join(f"{k}={v}" for k, v in m["params"].items())
+            params = (m["params"] if isinstance(m["params"], str)
+                      else ",".join(f"{k}={v}" for k, v in m["params"].items()))
             lines.append(f"| {r['n']:,} | {name} | {m['index']} | {params or 'exact'} | {m['build_s']:.0f} | "
-                         f"{m['recall_at_10']:.3f} | {m['qps_256']:,.0f} | {m['p50_ms_1']:.3f} | {m['memory_mb']:.0f} |")
+                         f"{m['recall_at_10']:.3f} | {m['qps_256']:,.0f} | {m['p50_ms_1']:.3f} | "
+                         f"{m['memory_mb']:.0f} |")
         for s in r["sweeps"]:
             for p in s["points"]:
                 if "qps_256" in p:
-                    lines.append(f"| {r['n']:,} | swept | {s['index']} | {s['param']}={p['value']} | {s['build_s']:.0f} (build) | "
-                                 f"{p['recall_at_10']:.3f} | {p['qps_256']:,.0f} | {p['p50_ms_1']:.3f} | {s['memory_mb']:.0f} |")
+                    lines.append(f"| {r['n']:,} | swept | {s['index']} | {s['param']}={p['value']} | "
+                                 f"{s['build_s']:.0f} (build) | {p['recall_at_10']:.3f} | {p['qps_256']:,.0f} | "
+                                 f"{p['p50_ms_1']:.3f} | {s['memory_mb']:.0f} |")
     lines += ["", "| N | our recall@10 | best swept at equal or better recall | our QPS / its QPS | "
-              "our QPS / autofaiss defaults' (its recall) | load (1-min avg) before / after |", "|---:|---:|---|---:|---:|---|"]
+              "our QPS / autofaiss defaults' (its recall) | load (1-min avg) before / after |",
+              "|---:|---:|---|---:|---:|---|"]
     for r in results:
         ours = r["auto"]
         best = best_swept(r, ours["recall_at_10"])
-        swept = f"{best['index']} {best['param']}={best['value']}: {best['recall_at_10']:.3f}, {best['qps_256']:,.0f} QPS" if best else "none"
+        swept = (f"{best['index']} {best['param']}={best['value']}: {best['recall_at_10']:.3f}, "
+                 f"{best['qps_256']:,.0f} QPS" if best else "none")
         d = r["autofaiss_defaults"]
         vs_af = f"{ours['qps_256'] / d['qps_256']:.1f}x ({d['recall_at_10']:.3f})" if d else "autofaiss not installed"
         ratio = f"**{ours['qps_256'] / best['qps_256']:.2f}x**" if best else "-"
         lines.append(f"| {r['n']:,} | {ours['recall_at_10']:.3f} | {swept} | {ratio} | {vs_af} | "
                      f"{r['load_before'][0]:.1f} / {r['load_after'][0]:.1f} |")
     lines += ["", "| N | `auto`: first candidate, build + tune (s) | its budget (s) | `auto` in all (s) | "
-              "before (IVF-Flat by rule, faiss's k-means): build + tune (s) | `auto` / before |", "|---:|---:|---:|---:|---:|---:|"]
+              "before (IVF-Flat by rule, faiss's k-means): build + tune (s) | `auto` / before |",
+              "|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         report, ivf = r["auto"]["report"], next(s for s in r["sweeps"] if s["param"] == "nprobe")
         before = ivf["build_s"] + ivf["tune_s"]
-        lines.append(f"| {r['n']:,} | {report['reference_s']:.0f} | {report['budget_s']:.0f} | {r['auto']['build_s']:.0f} | "
-                     f"{before:.0f} | **{r['auto']['build_s'] / before:.1f}x** |")
+        lines.append(f"| {r['n']:,} | {report['reference_s']:.0f} | {report['budget_s']:.0f} | "
+                     f"{r['auto']['build_s']:.0f} | {before:.0f} | **{r['auto']['build_s'] / before:.1f}x** |")
     lines += ["", "`auto`'s candidates, each built on all N and tuned on 4,000 gallery vectors held out of training "
               "(recall@10 with its lower 95% bound), timed in turn on this machine; * the choice:", "",
               "| N | candidate | setting | recall@10 (lower bound) | us/query batch 256 | us batch 1 | build (s) |",
@@ -198,7 +207,8 @@ def table(results: list[dict]) -> str:
         for c in report["candidates"]:
             mark = "*" if c["factory"] == report["factory"] else ""
             params = ",".join(f"{k}={v}" for k, v in c["params"].items()) or "exact"
-            lines.append(f"| {r['n']:,} | {mark}{c['factory']} | {params} | {c['recall_at_10']:.3f} ({c['recall_at_10_lower']:.3f}) | "
+            lines.append(f"| {r['n']:,} | {mark}{c['factory']} | {params} | "
+                         f"{c['recall_at_10']:.3f} ({c['recall_at_10_lower']:.3f}) | "
                          f"{c['ms_batch_256'] * 1e3:.1f} | {c['ms_batch_1'] * 1e3:.1f} | {c['build_s']:.0f} |")
         for c in report["skipped"]:
             lines.append(f"| {r['n']:,} | {c['factory']} | skipped: {c['reason']} | | | | |")

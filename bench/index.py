@@ -214,7 +214,8 @@ def bench_search(work: Path, model: Path, n: int) -> dict:
                             "recall_at_10": recall_at_10(gallery, vectors, vectors[held_out], held_out),
                             "recall_at_10_new": recall_at_10(gallery, vectors, queries[:2000], np.full(2000, -1)),
                             "batch_1": latency(gallery, queries, 1, 8000 if name == "auto" else 120),
-                            "batch_256": latency(gallery, queries, 256, (120 if n <= 200_000 else 40) if name == "auto" else 8)}
+                            "batch_256": latency(gallery, queries, 256,
+                                                 (120 if n <= 200_000 else 40) if name == "auto" else 8)}
         print(json.dumps({"n": n, name: result[name]}), flush=True)
     return result
 
@@ -228,12 +229,13 @@ def table(builds: list[dict], searches: list[dict]) -> str:
         if r["thumbnails"]:
             embed, read, pipe = r["embed_only_per_s"], r["read_only_per_s"], r["pipeline_per_s"]
             in_turn = 1 / (1 / embed + 1 / read)  # no overlap at all: each stage in turn on all the cores
-            lines.append(f"| {r['model']} | {r['photo']} | {r['images']} | {r['batch']} | {embed:.1f} | {read:.1f} | {in_turn:.1f} | "
-                         f"{pipe:.1f} | {r['end_to_end_per_s']:.1f} | {pipe / embed:.0%} | {pipe / min(embed, read):.0%} | "
-                         f"{pipe / in_turn:.0%} | {in_turn / embed:.0%} |")
+            lines.append(f"| {r['model']} | {r['photo']} | {r['images']} | {r['batch']} | {embed:.1f} | {read:.1f} | "
+                         f"{in_turn:.1f} | {pipe:.1f} | {r['end_to_end_per_s']:.1f} | {pipe / embed:.0%} | "
+                         f"{pipe / min(embed, read):.0%} | {pipe / in_turn:.0%} | {in_turn / embed:.0%} |")
     lines += ["", "| gallery | index | params | recall@10 vs exact: gallery items / new vectors | batch | "
               "raw faiss p50 / p99 (ms) | Gallery.search p50 / p99 (ms) | raw QPS | Gallery QPS | overhead over raw | "
-              "overhead over raw + normalise | with hits read: QPS |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "overhead over raw + normalise | with hits read: QPS |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in searches:
         for name in ("auto", "flat"):
             r = s[name]
@@ -250,8 +252,8 @@ def table(builds: list[dict], searches: list[dict]) -> str:
               "|---|---|---|---:|---:|---:|"]
     for r in builds:
         if r["model"] == "small_cnn":
-            lines.append(f"| {r['model']} | {r['photo']} | {'256 px' if r['thumbnails'] else 'none'} | {r['lmdb_per_item']:.0f} | "
-                         f"{r['faiss_per_item']:.0f} | {r['total_per_item']:.0f} |")
+            lines.append(f"| {r['model']} | {r['photo']} | {'256 px' if r['thumbnails'] else 'none'} | "
+                         f"{r['lmdb_per_item']:.0f} | {r['faiss_per_item']:.0f} | {r['total_per_item']:.0f} |")
     return "\n".join(lines)
 
 

@@ -21,8 +21,8 @@ decoded in memory (the compute ceiling), one after the other in this process. Wi
 
 Run: `nice -n 19 python bench/photos.py` (every row), or a quick pass:
 `python bench/photos.py --epochs 1 --size 128 --families ms --folds half2`; the folds can run side by
-side (`--folds half1 --results R1` and `--folds half2 --results R2`), then `--combine R1.json R2.json`. Prints one line per
-training (wall and CPU seconds), then a markdown table; writes it with the raw numbers to
+side (`--folds half1 --results R1` and `--folds half2 --results R2`), then `--combine R1.json R2.json`.
+Prints one line per training (wall and CPU seconds), then a markdown table; writes it with the raw numbers to
 bench/results/photos.{md,json}.
 """
 
@@ -66,7 +66,8 @@ FAMILIES: dict[str, tuple[list[str], str]] = {
     "contrastive": (["loss={name: balanced_contrastive, lam: 256, margin: 1.0}",
                      "weighting={name: importance, delta: 1.0}", "miner={name: null}"],
                     "balanced contrastive + importance sampling"),
-    "dro": (["loss={name: dro_topk_pn, k: 100}", "miner={name: null}"], "DRO-TopK-PN weighting of the contrastive pair loss, K = 100"),
+    "dro": (["loss={name: dro_topk_pn, k: 100}", "miner={name: null}"],
+            "DRO-TopK-PN weighting of the contrastive pair loss, K = 100"),
 }
 
 
@@ -157,7 +158,8 @@ def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         folds = list(r["scores"])
-        p = {m: np.concatenate([r["scores"][f][m] for f in folds]) for m in ("recall_at_1", "map_at_r", "catalogue_at_1")}
+        p = {m: np.concatenate([r["scores"][f][m] for f in folds])
+             for m in ("recall_at_1", "map_at_r", "catalogue_at_1")}
         ref = np.concatenate([reference["scores"][f]["recall_at_1"] for f in folds])
         item = {"row": r["row"], "what": r["what"], "folds": folds, "train": r["train"],
                 **{m: bootstrap(v) for m, v in p.items()},
@@ -235,7 +237,8 @@ def table(summary: list[dict[str, Any]], size: int, fast: dict[str, float] | Non
         lines += ["", f"Training speed ({fast['batches']} batches of {fast['batch']}, {fast['num_workers']} DataLoader "
                   f"workers): trainer {fast['trainer_images_per_s']:.1f} images/s ({fast['trainer_cpu_s']:.0f} CPU s), "
                   f"bare loop on decoded batches {fast['bare_images_per_s']:.1f} images/s "
-                  f"({fast['bare_cpu_s']:.0f} CPU s): ratio {fast['ratio']:.2f}; setup {fast.get('setup_cpu_s', 0):.0f} CPU s"
+                  f"({fast['bare_cpu_s']:.0f} CPU s): ratio {fast['ratio']:.2f}; "
+                  f"setup {fast.get('setup_cpu_s', 0):.0f} CPU s"
                   + (f" (the trunk cache: {fast['trunk_cache']} views of every training photo; both loops train on "
                      "cached trunk outputs)" if fast.get("trunk_cache") else "")]
     return "\n".join(lines)

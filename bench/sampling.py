@@ -35,7 +35,8 @@ def pml_miners() -> dict[str, tuple[str, Callable]]:
         return {}
     hard = miners.BatchEasyHardMiner(pos_strategy="all", neg_strategy="hard")
     return {
-        "semihard": ("TripletMarginMiner(semihard)", miners.TripletMarginMiner(margin=0.2, type_of_triplets="semihard")),
+        "semihard": ("TripletMarginMiner(semihard)",
+                     miners.TripletMarginMiner(margin=0.2, type_of_triplets="semihard")),
         "hard": ("BatchEasyHardMiner(all, hard)", hard),
         "batch_hard": ("BatchHardMiner", miners.BatchHardMiner()),
         "distance_weighted": ("DistanceWeightedMiner", miners.DistanceWeightedMiner()),
@@ -113,7 +114,8 @@ def main() -> None:
             if name in theirs:
                 pml_name, pml = theirs[name]
                 t_ours, t_pml = median_seconds([run_ours, partial(pml, emb, labels)], args.repeats)
-                print(f"| {name} | {size} | {t_ours * 1e3:.2f} | {pml_name} | {t_pml * 1e3:.2f} | {t_pml / t_ours:.2f} |")
+                print(f"| {name} | {size} | {t_ours * 1e3:.2f} | {pml_name} | {t_pml * 1e3:.2f} | "
+                      f"{t_pml / t_ours:.2f} |")
             else:
                 (t_ours,) = median_seconds([run_ours], args.repeats)
                 print(f"| {name} | {size} | {t_ours * 1e3:.2f} | none | - | - |")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +39,10 @@ from metricsearch.index import Gallery, build_gallery
 def jittered_digits(folder: Path, n: int, seed: int) -> list[Path]:
     """`n` PNGs in folder/<digit>/: every digit in turn, 28 px, randomly rotated, shifted and noised."""
     split = load_split("digits")
-    images = [split.train.load(i) for i in range(len(split.train))] + [split.test.load(i) for i in range(len(split.test))]
-    labels = [split.train.class_names[c] for c in split.train.labels] + [split.test.class_names[c] for c in split.test.labels]
+    images = ([split.train.load(i) for i in range(len(split.train))]
+              + [split.test.load(i) for i in range(len(split.test))])
+    labels = ([split.train.class_names[c] for c in split.train.labels]
+              + [split.test.class_names[c] for c in split.test.labels])
     rng = np.random.default_rng(seed)
     paths = []
     for i in range(n):

@@ -24,5 +24,6 @@ def load_set(root: Path) -> ImageSet:
         raise FileNotFoundError(f"files:{root}: folder {root} does not exist")
     paths = list_images_recursively(root)
     if not paths:
-        raise ValueError(f"files:{root}: no image files under {root} (extensions: {', '.join(sorted(IMAGE_EXTENSIONS))})")
+        raise ValueError(f"files:{root}: no image files under {root} "
+                         f"(extensions: {', '.join(sorted(IMAGE_EXTENSIONS))})")
     return image_set(paths, [None] * len(paths))

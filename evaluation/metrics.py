@@ -153,7 +153,8 @@ def nmi(embeddings: np.ndarray, labels: np.ndarray, seed: int = 0) -> float:
     y = np.asarray(labels)
     k = len(np.unique(y))
     if k < 2 or len(x) <= k:
-        raise ValueError(f"NMI needs at least 2 classes and more points than classes (got {k} classes, {len(x)} points)")
+        raise ValueError("NMI needs at least 2 classes and more points than classes "
+                         f"(got {k} classes, {len(x)} points)")
     kmeans = faiss.Kmeans(x.shape[1], k, niter=25, nredo=3, seed=seed, min_points_per_centroid=1,
                           max_points_per_centroid=max(256, len(x)), verbose=False)
     kmeans.train(x)

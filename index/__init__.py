@@ -21,7 +21,8 @@ from metricsearch.index.duplicates import draw_duplicates, find_duplicates
 from metricsearch.index.evaluate import evaluate_gallery, labelled_items
 from metricsearch.index.faiss_index import choose_index, select_device
 from metricsearch.index.gallery import Gallery
-from metricsearch.index.jobs import Editor, JobSummary, add_images, build_gallery, edit_gallery, rebuild_index, remove_items
+from metricsearch.index.jobs import (Editor, JobSummary, add_images, build_gallery, edit_gallery, rebuild_index,
+                                     remove_items)
 from metricsearch.index.options import BuildOptions, IndexOptions
 from metricsearch.index.pipeline import EmbedStep, ImageReader, ReadSettings
 from metricsearch.index.threads import search_threads

@@ -73,7 +73,8 @@ def candidates(n: int, dim: int, memory: int | None = None) -> list[Candidate]:
     fitting = [c for c in out if c.bytes <= budget]
     if fitting:
         return fitting
-    compressed = [Candidate(f"IVF{lists},SQ8", "ivf", n * (dim + 8)), Candidate("IDMap,HNSW32_SQ8", "hnsw", n * (dim + 264))]
+    compressed = [Candidate(f"IVF{lists},SQ8", "ivf", n * (dim + 8)),
+                  Candidate("IDMap,HNSW32_SQ8", "hnsw", n * (dim + 264))]
     pq = choose_index(n, dim, "ivfpq", memory)
     pq_bytes = int(re.search(r",PQ(\d+)", pq.factory).group(1))
     return [c for c in compressed if c.bytes <= budget] or [Candidate(pq.factory, "ivf", n * (pq_bytes + 8))]
@@ -259,7 +260,8 @@ def candidate_lines(report: dict) -> list[str]:
     for r in report.get("candidates", []):
         params = ",".join(f"{k}={v}" for k, v in r["params"].items()) or "exact"
         mark = "*" if r["factory"] == report["factory"] else " "
-        out.append(f"{mark}{r['factory']} {params}: recall@10 {r['recall_at_10']:.3f} (lower {r['recall_at_10_lower']:.3f}), "
+        out.append(f"{mark}{r['factory']} {params}: recall@10 {r['recall_at_10']:.3f} "
+                   f"(lower {r['recall_at_10_lower']:.3f}), "
                    f"{r['ms_batch_256'] * 1e3:.1f} us/query at batch 256, {r['ms_batch_1'] * 1e3:.1f} us at batch 1, "
                    f"built in {r['build_s']:.1f} s")
     out += [f" {r['factory']}: skipped ({r['reason']})" for r in report.get("skipped", [])]

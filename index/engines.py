@@ -145,8 +145,9 @@ class LocalEngine:
         from tqdm.auto import tqdm
 
         times = StageTimes(items=len(positions))
-        with tqdm(total=len(positions), desc=desc, unit="img", disable=None if progress else True,
-                  smoothing=0.05) as bar, _LocalRun(reader, positions, self.embed, batch_size, self.workers, times) as run:
+        with (tqdm(total=len(positions), desc=desc, unit="img", disable=None if progress else True,
+                   smoothing=0.05) as bar,
+              _LocalRun(reader, positions, self.embed, batch_size, self.workers, times) as run):
             write_batches(run.batches(), write, times, bar)
         return times
 

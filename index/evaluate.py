@@ -36,7 +36,8 @@ def evaluate_gallery(db: str | Path, recall_k: Sequence[int] | None = None, with
                              f"{len(np.unique(codes[labelled]))}); index a labelled spec such as folder:PATH")
         ks = sorted({int(k) for k in (recall_k or RECALL_K_SMALL) if int(k) <= len(ids) - 1})
         if not ks:
-            raise ValueError(f"a gallery of {len(ids)} items is too small for Recall@K with K in {list(recall_k or RECALL_K_SMALL)}")
+            raise ValueError(f"a gallery of {len(ids)} items is too small for Recall@K with K in "
+                             f"{list(recall_k or RECALL_K_SMALL)}")
         label_counts = np.bincount(codes[labelled])
         r = label_counts[codes[labelled]] - 1
         n_top = min(len(ids) - 1, max(max(ks), int(r.max())))

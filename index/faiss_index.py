@@ -138,7 +138,8 @@ def make_index(factory: str, dim: int) -> faiss.Index:
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
-        raise ValueError(f"faiss cannot build index {factory!r} for {dim}-d vectors: {str(exc).splitlines()[-1]}") from exc
+        raise ValueError(f"faiss cannot build index {factory!r} for {dim}-d vectors: "
+                         f"{str(exc).splitlines()[-1]}") from exc
     if faiss.try_extract_index_ivf(index) is None and not isinstance(faiss.downcast_index(index), faiss.IndexIDMap):
         index = faiss.IndexIDMap(index)
     return index
@@ -305,7 +306,8 @@ def tuning_queries(vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | 
                    k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0) -> TuningQueries:
     """Up to `n_queries` gallery vectors (from `held_out` rows, those an index was not trained on, when
     there are enough) and their exact k+1 nearest neighbours among `vectors`."""
-    pool = held_out if held_out is not None and len(held_out) >= min(n_queries, len(vectors)) // 2 else np.arange(len(vectors))
+    pool = (held_out if held_out is not None and len(held_out) >= min(n_queries, len(vectors)) // 2
+            else np.arange(len(vectors)))
     rows = np.random.default_rng(seed).choice(pool, size=min(n_queries, len(pool)), replace=False)
     queries = np.ascontiguousarray(vectors[rows])
     _, exact_rows = faiss.knn(queries, np.ascontiguousarray(vectors), k + 1, metric=faiss.METRIC_INNER_PRODUCT)

@@ -73,7 +73,8 @@ class Gallery:
         if fmt is None:
             raise ValueError(f"{db} is not a finished gallery (no metadata): build it with `metricsearch index build`")
         if fmt > FORMAT_VERSION:
-            raise ValueError(f"{db} has gallery format {fmt}; this metricsearch reads up to {FORMAT_VERSION}: upgrade it")
+            raise ValueError(f"{db} has gallery format {fmt}; this metricsearch reads up to {FORMAT_VERSION}: "
+                             "upgrade it")
         if state != "ready":
             raise ValueError(f"{db}: its build did not finish ({count} images stored, no faiss index yet); "
                              "run the same `metricsearch index build` command with --resume")
@@ -271,7 +272,8 @@ class Gallery:
             "dim": self.dim, "count": len(self), "labels": len(self.labels()),
             "index_type": state.header["factory"], "index_kind": state.info["kind"], "exact": state.info["exact"],
             "search_params": dict(state.header["params"]), "tuning": state.header.get("tuning", {}),
-            "index_reason": current_reason(state.header, len(self)), "index_candidates": candidate_lines(state.header.get("choice", {})),
+            "index_reason": current_reason(state.header, len(self)),
+            "index_candidates": candidate_lines(state.header.get("choice", {})),
             "removed_pending_rebuild": int(len(state.tombstones)), "version": state.version,
             "device": {"faiss": self.faiss_device, "onnxruntime": providers[0]},
             "thumbnail_size": self.settings.get("thumbnail_size"), "last_job": job,

@@ -79,15 +79,17 @@ def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str, 
     log.info("faiss: %s for %d vectors (%s), built on %s", report["factory"], len(ids), report["reason"], faiss_device)
     info = describe(index)
     tuning = {k: report[k] for k in ("recall_at_10", "recall_at_10_lower", "target", "items") if k in report}
-    header = {"version": version, "generation": generation + 1, "factory": report["factory"], "reason": report["reason"],
-              "request": request, "params": report["params"], "tuning": tuning, "choice": report, "kind": info["kind"],
-              "exact": info["exact"], "removable": info["removable"], "fingerprint": model["fingerprint"],
-              "dim": int(model["dim"]), "count": len(ids), "built_on": faiss_device}
+    header = {"version": version, "generation": generation + 1, "factory": report["factory"],
+              "reason": report["reason"], "request": request, "params": report["params"], "tuning": tuning,
+              "choice": report, "kind": info["kind"], "exact": info["exact"], "removable": info["removable"],
+              "fingerprint": model["fingerprint"], "dim": int(model["dim"]), "count": len(ids),
+              "built_on": faiss_device}
     save_index(db, index, header)
     reached("faiss_saved")
 
     def ready(txn) -> None:
-        store.put_meta(txn, "index", {k: header[k] for k in ("factory", "reason", "request", "params", "tuning", "kind")})
+        store.put_meta(txn, "index",
+                       {k: header[k] for k in ("factory", "reason", "request", "params", "tuning", "kind")})
         store.put_meta(txn, "index_request", request)
         store.put_meta(txn, "generation", generation + 1)
         store.put_meta(txn, "state", "ready")
@@ -117,7 +119,8 @@ def _index_images(store: Store, image_set: ImageSet, sources: list[str], engine:
 
     def write(items, vectors) -> None:
         if vectors is not None and vectors.shape[1] != embedder.dim:
-            raise ValueError(f"the embed step gave {vectors.shape[1]}-d vectors, the gallery holds {embedder.dim}-d ones")
+            raise ValueError(f"the embed step gave {vectors.shape[1]}-d vectors, "
+                             f"the gallery holds {embedder.dim}-d ones")
         writer.write_batch(items, vectors)
         reached("batch")
         if after_batch is not None:
@@ -134,7 +137,8 @@ def _finish(store: Store, db: Path, times: StageTimes, pipeline_s: float, device
     """The job's summary, also written with every failure and its reason to DIR/report.json."""
     with store.read() as txn:
         job, index, count = store.meta(txn, "job"), store.meta(txn, "index"), store.count(txn)
-        failures = [{"path": bytes(k).decode(), "reason": bytes(v).decode()} for k, v in txn.cursor(db=store.dbs["failures"])]
+        failures = [{"path": bytes(k).decode(), "reason": bytes(v).decode()}
+                    for k, v in txn.cursor(db=store.dbs["failures"])]
     if index is not None:
         index = {**index, "reason": current_reason(index, count)}
     seconds = times.to_dict()

@@ -130,7 +130,8 @@ class Store:
         """The store of gallery folder `folder` (created when `writable` and absent)."""
         path = Path(folder) / LMDB_DIR
         if not writable and not (path / "data.mdb").is_file():
-            raise FileNotFoundError(f"{folder} is not a gallery (no {LMDB_DIR}): make one with `metricsearch index build`")
+            raise FileNotFoundError(f"{folder} is not a gallery (no {LMDB_DIR}): "
+                                    "make one with `metricsearch index build`")
         key = str(path.resolve())
 
         def check(store: Store) -> None:

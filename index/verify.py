@@ -126,9 +126,11 @@ def _check(store: Store, db: Path, txn, problems: list[str], notes: list[str]) -
         in_faiss = np.setdiff1d(in_faiss, removed)
     missing, dead = np.setdiff1d(items, in_faiss), np.setdiff1d(in_faiss, items)
     if len(missing):
-        problems.append(f"{len(missing)} LMDB item(s) are not in the faiss index (e.g. {', '.join(map(str, missing[:5]))})")
+        problems.append(f"{len(missing)} LMDB item(s) are not in the faiss index "
+                        f"(e.g. {', '.join(map(str, missing[:5]))})")
     if removable and len(dead):
-        problems.append(f"{len(dead)} id(s) in the faiss index are not LMDB items (e.g. {', '.join(map(str, dead[:5]))})")
+        problems.append(f"{len(dead)} id(s) in the faiss index are not LMDB items "
+                        f"(e.g. {', '.join(map(str, dead[:5]))})")
     elif len(dead):
         unexplained = np.setdiff1d(dead, np.union1d(store.ids(txn, "tombstones"), removed))
         if len(unexplained):

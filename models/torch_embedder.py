@@ -153,7 +153,8 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze"}
     unknown = set(cfg) - known
     if unknown:
-        raise ValueError(f"unknown model key(s) {sorted(unknown)}; known: {sorted(known | {'preprocessing', 'pretrained'})}")
+        raise ValueError(f"unknown model key(s) {sorted(unknown)}; "
+                         f"known: {sorted(known | {'preprocessing', 'pretrained'})}")
     return Embedder(preprocessing=pre or {}, pretrained=pretrained, **cfg)
 
 

@@ -1,4 +1,4 @@
-"""A pretrained backbone split into a frozen trunk (its stem and first blocks) and the trainable rest (`model.freeze`)."""
+"""A pretrained backbone split into a frozen trunk (stem and first blocks) and the trainable rest (`model.freeze`)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def split_backbone(backbone: nn.Module, blocks: int) -> Trunk:
     layout = _layout(net) if net is not None else None
     if layout is None:
         name = type(net if net is not None else backbone).__name__
-        raise ValueError(f"config key model.freeze: the {name} backbone has no blocks to freeze; it works with {FREEZABLE}")
+        raise ValueError(f"config key model.freeze: the {name} backbone has no blocks to freeze; "
+                         f"it works with {FREEZABLE}")
     stem, stages, finish = layout
     if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 <= blocks <= len(stages):
         raise ValueError(f"config key model.freeze must be an integer from 0 (the stem alone) to {len(stages)} "

@@ -138,7 +138,8 @@ def test_items_and_info_never_show_a_server_path(server, digits_gallery: Path, g
     assert httpx.get(f"{server.url}api/items/999999", timeout=TIMEOUT).status_code == 404
     assert httpx.get(f"{server.url}api/items/999999/thumbnail", timeout=TIMEOUT).status_code == 404
     info = httpx.get(server.url + "api/info", timeout=TIMEOUT).json()
-    assert info["count"] == count and info["model"].endswith(".onnx") and "/" not in info["model"] and info["max_k"] == 50
+    assert (info["count"] == count and info["model"].endswith(".onnx") and "/" not in info["model"]
+            and info["max_k"] == 50)
     assert info["max_upload_bytes"] == 1024 * 1024 and info["min_side"] == 8 and label in info["label_names"]
     text = json.dumps(info) + answer.text
     assert str(digits_gallery) not in text and Path(path).name not in text

@@ -37,7 +37,8 @@ def test_a_tiny_gallery_gets_exact_search() -> None:
     index, report = build_index(x)
     assert report["factory"] == "IDMap,Flat" and describe(index)["exact"] and index.ntotal == 1_500
     assert [c["factory"] for c in report["candidates"]] == ["IDMap,Flat"] and report["recall_at_10"] == 1.0
-    assert report["skipped"] == [] and report["kind"] == "flat" and "exact search, the only candidate" in report["reason"]
+    assert (report["skipped"] == [] and report["kind"] == "flat"
+            and "exact search, the only candidate" in report["reason"])
 
 
 @pytest.mark.parametrize("target", [0.95, 0.99])
@@ -72,11 +73,13 @@ def test_the_time_budget_builds_the_reference_and_skips_what_does_not_fit(monkey
     planned = [c for c in candidates(10_000, 32)]
     graphs = [c.factory for c in planned if c.family == "hnsw"]  # IVF costs linear time: always built
     pruned = [s["factory"] for s in report["skipped"] if "not tuned further" in s["reason"]]
-    assert sorted([c["factory"] for c in report["candidates"]] + pruned) == sorted(c.factory for c in planned if c.family != "hnsw")
+    assert (sorted([c["factory"] for c in report["candidates"]] + pruned)
+            == sorted(c.factory for c in planned if c.family != "hnsw"))
     assert [s["factory"] for s in report["skipped"] if "budget left" in s["reason"]] == graphs and len(graphs) == 2
     assert report["budget_s"] == pytest.approx(report["reference_s"], abs=0.06) and index.ntotal == 10_000
     lines = candidate_lines(report)
-    assert sum(line.startswith("*") for line in lines) == 1 and sum("skipped" in line for line in lines) == 2 + len(pruned)
+    assert (sum(line.startswith("*") for line in lines) == 1
+            and sum("skipped" in line for line in lines) == 2 + len(pruned))
     monkeypatch.setattr(autoindex, "PILOT", 1_000)  # HNSW's build time is estimated from a smaller one
     assert pilot_seconds(x, "IDMap,HNSW32") > 0 and pilot_seconds(x[:900], "IDMap,HNSW32") == 0.0
     assert pilot_seconds(x, "IDMap,HNSW32_SQ8") > 0  # trained first

@@ -163,7 +163,8 @@ def _train(cwd, *args: str) -> subprocess.CompletedProcess:
     (["--set", "loss.alpha=[1]"], "config key loss.alpha must be a valid number, got [1]"),
     (["--set", "eval.nmi=maybe"], "config key eval.nmi must be a valid boolean, got 'maybe'"),
     (["--set", "model.backbone_params.width=wide"], "config key model.backbone_params.width must be a valid integer"),
-    (["--set", "sampler.classes_per_batch=2.5"], "config key sampler.classes_per_batch must be a valid integer, got 2.5"),
+    (["--set", "sampler.classes_per_batch=2.5"],
+     "config key sampler.classes_per_batch must be a valid integer, got 2.5"),
     (["--set", "device=gpu"], "config key device: device must be one of auto, cpu, cuda or cuda:N, got 'gpu'"),
     (["--set", "batch_size=64"], "unknown config key batch_size; a training batch is sampler.classes_per_batch x "
                                  "sampler.images_per_class images"),

@@ -160,8 +160,10 @@ def test_cars196_classes_1_to_98_train(tmp_path: Path):
 def test_sop_train_and_test_index_files(tmp_path: Path):
     header = "image_id class_id super_class_id path\n"
     indexes = {
-        "Ebay_train.txt": [(1, 1, "bicycle_final/1_0.JPG"), (1, 1, "bicycle_final/1_1.JPG"), (2, 2, "chair_final/2_0.JPG")],
-        "Ebay_test.txt": [(3, 1, "bicycle_final/3_0.JPG"), (4, 2, "chair_final/4_0.JPG"), (4, 2, "chair_final/4_1.JPG")],
+        "Ebay_train.txt": [(1, 1, "bicycle_final/1_0.JPG"), (1, 1, "bicycle_final/1_1.JPG"),
+                           (2, 2, "chair_final/2_0.JPG")],
+        "Ebay_test.txt": [(3, 1, "bicycle_final/3_0.JPG"), (4, 2, "chair_final/4_0.JPG"),
+                          (4, 2, "chair_final/4_1.JPG")],
     }
     for index, rows in indexes.items():
         lines = [header]
@@ -203,8 +205,8 @@ def test_inshop_query_and_gallery_share_labels(tmp_path: Path, official_layout: 
     assert split.test.class_names == ["id_00000003", "id_00000004", "id_00000005"]
     assert (len(split.query), len(split.gallery), len(split.test)) == (3, 4, 7)
     assert split.query.class_names == split.gallery.class_names == split.test.class_names
-    q = {split.query.class_names[l] for l in split.query.labels}
-    g = {split.gallery.class_names[l] for l in split.gallery.labels}
+    q = {split.query.class_names[label] for label in split.query.labels}
+    g = {split.gallery.class_names[label] for label in split.gallery.labels}
     assert q == {"id_00000003", "id_00000004"} and g == {"id_00000003", "id_00000004", "id_00000005"}
     for label in set(split.query.labels.tolist()):
         gallery_items = [split.gallery.items[i] for i in np.flatnonzero(split.gallery.labels == label)]

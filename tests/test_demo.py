@@ -35,8 +35,8 @@ def test_demo_builds_everything_then_reuses_it_and_serves(tmp_path: Path, capsys
 
     # the second run reuses every step, then serves the page (in a subprocess, stopped by the test)
     server = subprocess.Popen([sys.executable, "-u", "-m", "metricsearch", "demo", "--workdir", str(work),
-                               "--dataset", "digits", "--port", str(free_port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              cwd=tmp_path)
+                               "--dataset", "digits", "--port", str(free_port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
     try:
         out = _until_serving(server)
         assert f"http://127.0.0.1:{free_port}/" in out, out
@@ -86,7 +86,8 @@ def test_omniglot_without_a_path_is_the_embedded_copy_with_alphabets_held_out() 
     assert Path(split.spec.partition(":")[2]).is_relative_to(Path(metricsearch.__file__).parent / "data"), split.spec
     train, test = set(split.train.groups.tolist()), set(split.test.groups.tolist())
     assert train and test and not train & test, (train, test)
-    assert (Path(metricsearch.__file__).parent / "data" / "omniglot_small" / "LICENSE").read_text().count("Brenden Lake")
+    assert (Path(metricsearch.__file__).parent / "data" / "omniglot_small" / "LICENSE").read_text().count(
+        "Brenden Lake")
 
 
 @pytest.mark.slow
@@ -108,7 +109,8 @@ def test_default_demo_beats_raw_pixels_on_every_printed_metric(tmp_path: Path, c
         better = float(trained) < float(pixels) if "error" in name else float(trained) > float(pixels)
         assert better, f"{name}: trained {trained}, pixels {pixels}"
     state = json.loads((work / "demo.json").read_text())["steps"]
-    assert state["index"]["count"] == state["evaluate"]["trained"]["n_queries"] == state["evaluate"]["pixels"]["n_queries"]
+    assert (state["index"]["count"] == state["evaluate"]["trained"]["n_queries"]
+            == state["evaluate"]["pixels"]["n_queries"])
 
     # the printout ends with the command that serves this gallery: run it
     command = out.strip().splitlines()[-1].strip()

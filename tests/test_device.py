@@ -113,7 +113,8 @@ def _shared_library(folder: Path, name: str, needs: str | None = None) -> Path:
     """A real shared library built with the C compiler; with `needs`, it calls into lib`needs`.so in `folder`."""
     source = folder / f"{name}.c"
     if needs:
-        source.write_text("int metricsearch_probe(void);\nint metricsearch_call(void) { return metricsearch_probe(); }\n")
+        source.write_text("int metricsearch_probe(void);\n"
+                          "int metricsearch_call(void) { return metricsearch_probe(); }\n")
     else:
         source.write_text("int metricsearch_probe(void) { return 1; }\n")
     link = ["-L", str(folder), f"-l{needs}"] if needs else []

@@ -111,7 +111,8 @@ def test_training_on_the_trunk_cache_learns_leaves_the_trunk_and_resumes_exactly
     torch.save(Embedder(LITE0, dim=None, preprocessing=GRAY32).backbone.net.state_dict(), weights)
     model = {"backbone": LITE0, "dim": 16, "preprocessing": GRAY32, "freeze": 5, "pretrained": str(weights)}
     overrides = [f"model={model}", "trunk_cache=2", "epochs=2", "batches_per_epoch=2", "augment={name: crop_flip}",
-                 f"dataset=folder:{data}", "split_classes=0.6", "sampler={name: group, classes_per_batch: 3, images_per_class: 4}",
+                 f"dataset=folder:{data}", "split_classes=0.6",
+                 "sampler={name: group, classes_per_batch: 3, images_per_class: 4}",
                  f"output_dir={tmp_path}", "eval.nmi=false", "optimizer.lr=0.01"]
     straight = train(load_config("digits", [*overrides, "name=straight"]), progress=False)
     train(load_config("digits", [*overrides, "name=paused"]), progress=False, stop_after_epoch=1)

@@ -26,7 +26,8 @@ def test_packaged_recipe_finds_the_shared_photos_from_the_repository_and_builds(
     batch = next(iter(sampler))
     assert len(batch) == config.sampler["classes_per_batch"] * config.sampler["images_per_class"]
     assert config.model.pretrained == "imagenet" and config.num_workers > 0  # decoding overlaps compute
-    model = build_embedder(config.model.model_dump(mode="json"))  # the frozen trunk the recipe names exists in its backbone
+    # the frozen trunk the recipe names exists in its backbone
+    model = build_embedder(config.model.model_dump(mode="json"))
     assert model.trunk is not None and config.trunk_cache > 0
 
 
@@ -54,7 +55,8 @@ def mini_grocery(grocery_dir: Path, root: Path, classes: int = 4, photos: int = 
         rows: list[str] = []
         for line in (source / f"{name}.txt").read_text().splitlines():
             fields = [f.strip() for f in line.split(",")]
-            if len(fields) > 1 and fields[1] in ids and sum(r.split(",")[1].strip() == fields[1] for r in rows) < photos:
+            if (len(fields) > 1 and fields[1] in ids
+                    and sum(r.split(",")[1].strip() == fields[1] for r in rows) < photos):
                 rows.append(line)
         (root / f"{name}.txt").write_text("\n".join(rows) + "\n")
     for line in [*kept]:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from metricsearch.app.cli import build_parser, main
 from metricsearch.evaluation import evaluate
-from metricsearch.index import (Gallery, add_images, build_gallery, evaluate_gallery, gallery_info, rebuild_index,
+from metricsearch.index import (Gallery, add_images, build_gallery, gallery_info, rebuild_index,
                                 remove_items, verify_gallery)
 
 
@@ -234,7 +234,8 @@ def test_exif_rotated_jpeg_embeds_like_the_upright_one(built, tmp_path) -> None:
     assert np.abs(np.asarray(load_image(opened), float) - upright).mean() < 3
     assert opened.size == (64, 48) and opened.getexif()[0x0112] == 6
     with Gallery.open(built) as gallery:
-        up, exif_view, no_exif = gallery.embed([tmp_path / "upright.jpg", tmp_path / "exif.jpg", tmp_path / "turned.jpg"])
+        up, exif_view, no_exif = gallery.embed([tmp_path / "upright.jpg", tmp_path / "exif.jpg",
+                                                tmp_path / "turned.jpg"])
     assert float(up @ exif_view) > 0.999
     assert np.linalg.norm(up - exif_view) < 0.1 * np.linalg.norm(up - no_exif)
 
@@ -248,7 +249,8 @@ def test_index_commands_explain_every_option_and_refuse_bad_input(digits_onnx, t
             assert action.dest == "help" or action.help, f"{sub.prog} {action.option_strings} has no help"
     assert main(["index", "info", "--db", str(tmp_path / "none")]) == 2
     assert "is not a gallery" in capsys.readouterr().err
-    done = cli("index", "build", "--model", str(tmp_path / "none.onnx"), "--images", "digits", "--db", str(tmp_path / "g"))
+    done = cli("index", "build", "--model", str(tmp_path / "none.onnx"), "--images", "digits",
+               "--db", str(tmp_path / "g"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "none.onnx does not exist" in done.stderr
     assert main(["evaluate", "--db", str(tmp_path), "--model", "pixels"]) == 2
     capsys.readouterr()

@@ -13,7 +13,8 @@ from metricsearch.index.catalog import Catalog
 from metricsearch.index.faiss_files import load_index, save_index
 from metricsearch.index import faiss_index
 from metricsearch.index.faiss_index import (build_index, choose_index, describe, gpu_plan, index_ids, make_index,
-                                            memory_bytes, recall_without_self, select_device, set_param, to_device, tune)
+                                            memory_bytes, recall_without_self, select_device, set_param, to_device,
+                                            tune)
 from metricsearch.index.state import net_changes
 from metricsearch.index.layout import ADD, REMOVE, ItemRecord
 

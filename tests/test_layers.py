@@ -1,4 +1,4 @@
-"""The serving side runs without torch and without train/: imports flow app -> index -> (train) -> models -> data, evaluation."""
+"""The serving side runs without torch or train/: imports flow app -> index -> (train) -> models -> data, evaluation."""
 
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ def test_the_search_page_serves_without_torch(digits_gallery: Path, gallery_item
 from gradio_client import Client, handle_file
 from metricsearch.app.web import serve
 server = serve({str(digits_gallery)!r}, port={free_port}, block=False, log=lambda _: None)
-hits = Client(server.url, verbose=False, download_files=False).predict(handle_file('query.png'), 3, api_name='/search')[1]
+hits = Client(server.url, verbose=False, download_files=False).predict(
+    handle_file('query.png'), 3, api_name='/search')[1]
 server.close()
 assert sys.modules.get('torch') is None
 assert not any(m == 'metricsearch.train' or m.startswith('metricsearch.train.') for m in sys.modules)

@@ -50,13 +50,13 @@ def lse(terms: list[Tensor]) -> Tensor:
     return torch.log(sum(torch.exp(t) for t in terms))
 
 
-def ref_ms(s: Tensor, y: list[int], mining: bool = True, a=2.0, b=50.0, l=0.5) -> Tensor:
+def ref_ms(s: Tensor, y: list[int], mining: bool = True, a=2.0, b=50.0, base=0.5) -> Tensor:
     """MS eq. 15 (MS weighting when not mining)."""
     total = s.new_zeros(())
     for i in range(len(y)):
         pos, neg = mined_sets(s, y, i, mining)
-        total = total + torch.log(1 + sum((torch.exp(-a * (s[i, k] - l)) for k in pos), s.new_zeros(()))) / a
-        total = total + torch.log(1 + sum((torch.exp(b * (s[i, k] - l)) for k in neg), s.new_zeros(()))) / b
+        total = total + torch.log(1 + sum((torch.exp(-a * (s[i, k] - base)) for k in pos), s.new_zeros(()))) / a
+        total = total + torch.log(1 + sum((torch.exp(b * (s[i, k] - base)) for k in neg), s.new_zeros(()))) / b
     return total / len(y)
 
 
@@ -87,13 +87,13 @@ def ref_lifted(s: Tensor, y: list[int], a: float = 1.0) -> Tensor:
     return total / (2 * count) if count else total
 
 
-def ref_generalized_lifted(s: Tensor, y: list[int], l: float = 1.0) -> Tensor:
+def ref_generalized_lifted(s: Tensor, y: list[int], margin: float = 1.0) -> Tensor:
     """MS paper eq. 6, divided by m."""
     total = s.new_zeros(())
     for i in range(len(y)):
         pos, neg = sets(y, i)
         if pos and neg:
-            total = total + torch.relu(lse([l - s[i, k] for k in pos]) + lse([s[i, k] for k in neg]))
+            total = total + torch.relu(lse([margin - s[i, k] for k in pos]) + lse([s[i, k] for k in neg]))
     return total / len(y)
 
 
@@ -107,15 +107,15 @@ def ref_lifted_star(s: Tensor, y: list[int], mining: bool = False, a=2.0, b=50.0
     return total / len(y)
 
 
-def ref_binomial(s: Tensor, y: list[int], mining: bool = False, a=2.0, b=50.0, l=0.5) -> Tensor:
+def ref_binomial(s: Tensor, y: list[int], mining: bool = False, a=2.0, b=50.0, base=0.5) -> Tensor:
     """MS paper eq. 9, divided by m (Binomial_m when mining)."""
     total = s.new_zeros(())
     for i in range(len(y)):
         pos, neg = mined_sets(s, y, i, mining)
         if pos:
-            total = total + sum(torch.log(1 + torch.exp(a * (l - s[i, k]))) for k in pos) / len(pos)
+            total = total + sum(torch.log(1 + torch.exp(a * (base - s[i, k]))) for k in pos) / len(pos)
         if neg:
-            total = total + sum(torch.log(1 + torch.exp(b * (s[i, k] - l))) for k in neg) / len(neg)
+            total = total + sum(torch.log(1 + torch.exp(b * (s[i, k] - base))) for k in neg) / len(neg)
     return total / len(y)
 
 

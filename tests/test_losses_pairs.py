@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from metricsearch.train.context import TrainContext
 from metricsearch.train.losses import Mined, build
@@ -318,7 +317,8 @@ def test_dro_with_registered_base_and_weightings_on_any_pair_loss():
     torch.testing.assert_close(kl, plain, rtol=1e-3, atol=1e-6)
     context = TrainContext(np.repeat(list(COUNTS), list(COUNTS.values())), COUNTS, len(COUNTS), sum(COUNTS.values()))
     balanced = build("dro_kl", context, base="balanced_contrastive")  # the base gets the training context
-    assert balanced.base.counts.tolist() == [COUNTS[k] for k in sorted(COUNTS)] and torch.isfinite(balanced(emb, labels))
+    assert (balanced.base.counts.tolist() == [COUNTS[k] for k in sorted(COUNTS)]
+            and torch.isfinite(balanced(emb, labels)))
 
 
 def test_balanced_contrastive_with_eq17_lambda_is_contrastive():

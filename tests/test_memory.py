@@ -18,7 +18,7 @@ from test_pipeline import quick_config
 
 
 def ref_ms_against(emb: Tensor, labels: list[int], refs: Tensor, ref_labels: list[int], mining: bool,
-                   a: float = 2.0, b: float = 50.0, l: float = 0.5) -> Tensor:
+                   a: float = 2.0, b: float = 50.0, base: float = 0.5) -> Tensor:
     """MS eq. 15 for the batch's anchors over [batch; refs] (each anchor's pair with itself left out), by loops."""
     s = cosine(torch.cat([emb, refs]))
     y = labels + ref_labels
@@ -32,8 +32,8 @@ def ref_ms_against(emb: Tensor, labels: list[int], refs: Tensor, ref_labels: lis
             max_neg = max((float(d[i, k]) for k in neg), default=-math.inf)
             pos = [k for k in pos if float(d[i, k]) < max_neg + EPS]
             neg = [k for k in neg if float(d[i, k]) > min_pos - EPS]
-        total = total + torch.log(1 + sum((torch.exp(-a * (s[i, k] - l)) for k in pos), s.new_zeros(()))) / a
-        total = total + torch.log(1 + sum((torch.exp(b * (s[i, k] - l)) for k in neg), s.new_zeros(()))) / b
+        total = total + torch.log(1 + sum((torch.exp(-a * (s[i, k] - base)) for k in pos), s.new_zeros(()))) / a
+        total = total + torch.log(1 + sum((torch.exp(b * (s[i, k] - base)) for k in neg), s.new_zeros(()))) / b
     return total / len(labels)
 
 

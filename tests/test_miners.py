@@ -197,7 +197,8 @@ def test_pml_semihard() -> None:
     emb, labels = batch()
     d = distances(emb)
     ours = triplet_set(build_miner("semihard", margin=0.2)(emb, labels))
-    theirs = set(zip(*(t.tolist() for t in miners.TripletMarginMiner(margin=0.2, type_of_triplets="semihard")(emb, labels))))
+    theirs = set(zip(*(t.tolist()
+                       for t in miners.TripletMarginMiner(margin=0.2, type_of_triplets="semihard")(emb, labels))))
     assert ours and ours <= theirs
     assert {(a, p) for a, p, _ in ours} == {(a, p) for a, p, _ in theirs}
     for a, p, n in ours:

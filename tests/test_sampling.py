@@ -114,7 +114,8 @@ def contrastive_loss() -> PairLoss:
 def full_data_loss(loss: PairLoss, emb: torch.Tensor, labels: torch.Tensor) -> float:
     """Eq. 10 scaled by 1/(N(N-1)): the mean per-pair loss over all ordered pairs i != j."""
     n = len(labels)
-    total = loss(emb, labels, weighting=lambda l, p, q, y: torch.where(p | q, l, 0.0).sum() / (n * (n - 1)))
+    total = loss(emb, labels,
+                 weighting=lambda pair_losses, p, q, y: torch.where(p | q, pair_losses, 0.0).sum() / (n * (n - 1)))
     return float(total)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset

@@ -97,7 +97,8 @@ def gather_rows(x: Tensor, ctx: DistContext) -> Tensor:
     return torch.cat(rows)
 
 
-def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor, ctx: DistContext) -> tuple[Tensor, Tensor, Tensor]:
+def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor,
+                 ctx: DistContext) -> tuple[Tensor, Tensor, Tensor]:
     """The global batch: embeddings (with this rank's gradients), labels and data set indices of every rank."""
     return gather_rows(embeddings, ctx), gather_rows(labels, ctx), gather_rows(indices, ctx)
 

@@ -337,7 +337,8 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
         "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
         **({"memory": setup.memory.state_dict()} if setup.memory is not None else {}),
         "epoch": len(state.history), "history": state.history, "best_recall_at_1": state.best_recall_at_1,
-        "config": config.model_dump(mode="json"), "class_names": setup.split.test.class_names, "data_notes": setup.split.notes,
+        "config": config.model_dump(mode="json"), "class_names": setup.split.test.class_names,
+        "data_notes": setup.split.notes,
     }
     if improved:
         _save(checkpoint, run_dir / "best.pt")

@@ -19,8 +19,8 @@ MAX_PAUSE = 300.0
 
 class LoginThrottle:
     """ASGI middleware: a login (POST to a login route, or an /api/ request with credentials) from an address
-    with `failures` failed logins in a row is answered 429 until `pause` * 2**(extra failures) seconds have passed since its last failure;
-    a successful login clears the address's count."""
+    with `failures` failed logins in a row is answered 429 until `pause` * 2**(extra failures) seconds have passed
+    since its last failure; a successful login clears the address's count."""
 
     def __init__(self, app: Callable, failures: int = LOGIN_FAILURES, pause: float = LOGIN_PAUSE) -> None:
         self.app, self.failures, self.pause = app, failures, pause

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from metricsearch.train import losses, sampling
-from metricsearch.train.distributed import context_from_env, gather_batch, init_distributed, shutdown
+from metricsearch.train.distributed import gather_batch, init_distributed, shutdown
 
 #: (name, loss factory, weighting factory) as tests/test_distributed.py rebuilds them
 CASES = {

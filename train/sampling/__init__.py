@@ -28,7 +28,7 @@ def build_miner(name: str, **params: Any) -> Callable[..., Mined]:
 
 
 def build_weighting(name: str, context: TrainContext | dict[str, Any] | None = None, **params: Any) -> Weighting:
-    """A pair weighting (per-pair losses -> the batch loss) by registry name; the context's fields reach those that take them."""
+    """A pair weighting (per-pair losses -> the batch loss) by registry name, given the context's fields it takes."""
     return WEIGHTINGS.build(name, context.as_dict() if isinstance(context, TrainContext) else context, **params)
 
 

@@ -19,7 +19,9 @@ from metricsearch.train.sampling.registry import register_weighting
 from metricsearch.train.sampling.base import LabelBatchSampler
 
 
-def counts_table(class_counts: Mapping[int, int] | Sequence[int] | np.ndarray | Tensor) -> tuple[np.ndarray, np.ndarray]:
+def counts_table(
+    class_counts: Mapping[int, int] | Sequence[int] | np.ndarray | Tensor,
+) -> tuple[np.ndarray, np.ndarray]:
     """(class ids, image counts) from a {class: count} mapping or counts indexed by class id."""
     if isinstance(class_counts, Mapping):
         classes = np.array(sorted(class_counts), dtype=np.int64)
@@ -35,8 +37,9 @@ def counts_table(class_counts: Mapping[int, int] | Sequence[int] | np.ndarray | 
 class ImportanceWeighting:
     """Weighting `1/slots * sum_k W_k^delta l_k` with W = P_uniform / Q of the sampler's design.
 
-    The sampler must describe its design (`design` is not None). `class_counts` (training images per class, a mapping or a sequence indexed by class id)
-    defaults to the sampler's own labels and must agree with them when both are given.
+    The sampler must describe its design (`design` is not None). `class_counts` (training images per class,
+    a mapping or a sequence indexed by class id) defaults to the sampler's own labels and must agree with
+    them when both are given.
     """
 
     def __init__(

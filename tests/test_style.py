@@ -1,0 +1,19 @@
+"""Style gate: `ruff check` (the rules in pyproject.toml's [tool.ruff]) passes on the whole repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff not installed: pip install -e '.[dev]'")
+def test_ruff_check_passes() -> None:
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
