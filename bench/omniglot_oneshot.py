@@ -22,8 +22,8 @@ rows of an earlier run's RESULTS.json to that table instead of training them aga
 
 Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
 ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
-`--recipes current final` for a subset. Prints one line per training, then a markdown table; writes
-it with the raw numbers to bench/results/omniglot_oneshot.{md,json}.
+`--recipes current final` for a subset (`--recipes` alone: only the `--add` rows). Prints one line per training,
+then a markdown table; writes it with the raw numbers to bench/results/omniglot_oneshot.{md,json}.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
               for name, row in zip(recipes, trained) for label in centred}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
-        for k, (fold, split) in enumerate(splits.items()):  # fold by fold: a stopped run still compares recipes on whole folds
+        # fold by fold: a stopped run still compares recipes on whole folds
+        for k, (fold, split) in enumerate(splits.items()):
             for name, row in zip(recipes, trained):
                 base, overrides, _ = RECIPES[name]
                 config = recipe_config(name, base, [*overrides, *extra], fold, data, out, scale)
@@ -219,7 +220,8 @@ def table(summary: list[dict[str, Any]], episodes: int, ref: str = "current") ->
         folds = " / ".join(f"{100 * v:.1f}" for v in s["within_alphabet_by_fold"].values())
         vs = diff(s["within_alphabet_vs_ref"]) if "within_alphabet_vs_ref" in s and s["recipe"] != ref else ""
         t = " + ".join(f"{v:.0f}" for v in s["train_s"].values()) or "-"
-        lines.append(f"| {s['recipe']} | {s['epochs'] or '-'} | {ci(s['within_alphabet'])} | {folds} | {vs} | {ci(s['across_alphabets'])} | {t} |")
+        lines.append(f"| {s['recipe']} | {s['epochs'] or '-'} | {ci(s['within_alphabet'])} | {folds} | {vs} | "
+                     f"{ci(s['across_alphabets'])} | {t} |")
     lines += ["", "Rows: " + "; ".join(f"{s['recipe']}: {s['what']}" for s in summary)]
     return "\n".join(lines)
 
@@ -257,8 +259,8 @@ def seed_table(summary: list[dict[str, Any]], seeds: dict[str, list[str]], ref: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES),
-                        help="recipes to train (the pixel baseline is always scored)")
+    parser.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=list(RECIPES),
+                        help="recipes to train (the pixel baseline is always scored); none: the --add rows only")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the Omniglot background sets")
     parser.add_argument("--episodes", type=int, default=2000, help="episodes per fold and protocol")
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
