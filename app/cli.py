@@ -156,12 +156,12 @@ def _cmd_samplers(args: argparse.Namespace) -> int:
 
 
 def _cmd_optimizers(args: argparse.Namespace) -> int:
-    from metricsearch.train.augment import AUGMENTATIONS
+    from metricsearch.train.augment import AUGMENT_CONTEXT, AUGMENTATIONS
     from metricsearch.train.optim import OPTIMIZERS, SCHEDULES
 
     _print_registry("optimizers (optimizer.name=...)", OPTIMIZERS, ("params", "model", "loss"))
     _print_registry("schedules (schedule.name=...)", SCHEDULES, ("optimizer", "steps_per_epoch", "epochs"))
-    _print_registry("augmentations (augment.name=...)", AUGMENTATIONS, ("size",))
+    _print_registry("augmentations (augment.name=...)", AUGMENTATIONS, AUGMENT_CONTEXT)
     return 0
 
 

@@ -166,6 +166,8 @@ def _train(cwd, *args: str) -> subprocess.CompletedProcess:
     (["--set", "sampler.classes_per_batch=2.5"],
      "config key sampler.classes_per_batch must be a valid integer, got 2.5"),
     (["--set", "device=gpu"], "config key device: device must be one of auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["--set", "augment={name: batch_affine, scale: [1.2, 1.0]}"],
+     "batch_affine: scale must be [low, high] with 0 < low <= high, got [1.2, 1.0]"),
     (["--set", "batch_size=64"], "unknown config key batch_size; a training batch is sampler.classes_per_batch x "
                                  "sampler.images_per_class images"),
     (["--config", "some.png"], "config file some.png is not a YAML text file"),

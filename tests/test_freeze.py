@@ -92,6 +92,11 @@ def test_the_trunk_cache_holds_the_live_trunk_outputs_of_seeded_augmented_views(
     first, again = (build_trunk_cache(model, augmented, 2, 0, torch.device("cpu"), 16).features for _ in range(2))
     assert torch.equal(first, again)  # the views are seeded: a resumed run caches the same ones
     assert not torch.allclose(first[0].float(), first[1].float())  # and they differ from view to view
+    warp = build_augment({"name": "batch_affine", "degrees": 20}, 32, [0.5], [0.5])  # on each batch instead
+    first, again = (build_trunk_cache(model, plain, 2, 0, torch.device("cpu"), 16, augment=warp).features
+                    for _ in range(2))
+    assert torch.equal(first, again) and not torch.allclose(first[0].float(), first[1].float())
+    assert not torch.allclose(first[0].float(), live, rtol=1e-2, atol=1e-2)
 
 
 def digit_folder(root: Path, classes: int = 5, per_class: int = 8) -> Path:

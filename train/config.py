@@ -15,7 +15,7 @@ from metricsearch.models.backbones import BACKBONES, parse_backbone
 from metricsearch.models.device import check_device
 from metricsearch.models.preprocessing import Preprocessing
 from metricsearch.registry import Registry
-from metricsearch.train.augment import AUGMENTATIONS
+from metricsearch.train.augment import AUGMENT_CONTEXT, AUGMENTATIONS
 from metricsearch.train.context import CONTEXT_KEYS
 from metricsearch.train.losses import LOSSES
 from metricsearch.train.optim import OPTIMIZERS, SCHEDULES
@@ -170,7 +170,7 @@ SECTIONS: dict[str, tuple[Registry[Any], tuple[str, ...], tuple[str, ...]]] = {
     "weighting": (WEIGHTINGS, CONTEXT_KEYS, ()),
     "optimizer": (OPTIMIZERS, ("params",), ("head_lr",)),
     "schedule": (SCHEDULES, ("steps_per_epoch", "epochs"), ()),
-    "augment": (AUGMENTATIONS, ("size",), ()),
+    "augment": (AUGMENTATIONS, AUGMENT_CONTEXT, ()),
 }
 #: sections whose component may be left out (name: null)
 OPTIONAL = ("miner", "weighting")

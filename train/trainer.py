@@ -23,7 +23,7 @@ from metricsearch.errors import MetricsearchError
 from metricsearch.evaluation import evaluate_split
 from metricsearch.models.torch_embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
-from metricsearch.train.augment import build_augment
+from metricsearch.train.augment import BatchAugment, build_augment
 from metricsearch.train.board import Board
 from metricsearch.train.config import DEFAULTS, TrainConfig, typed_config
 from metricsearch.train.context import TrainContext
@@ -94,6 +94,7 @@ class Setup:
     trunk_cache: TrunkCache | None = None  # config trunk_cache: the steps train on cached trunk outputs
     memory: CrossBatchMemory | None = None  # config memory.size > 0: the loss also compares with earlier batches
     layout: torch.memory_format = torch.contiguous_format  # of the model's weights and the batches (memory_format)
+    batch_augment: BatchAugment | None = None  # an augmentation of whole batches (batch_affine), on the device
 
 
 @dataclass
@@ -185,16 +186,19 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     optimizer = build_optimizer(config.optimizer, model, loss)
     scheduler = build_schedule(config.schedule, optimizer, len(sampler), config.epochs)
     scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
-    augment = build_augment(config.augment, model.preprocessing.size)
-    dataset = ImageDataset(split.train, model.preprocessing, augment, cache=config.cache_images)
+    pre = model.preprocessing
+    augment = build_augment(config.augment, pre.size, pre.mean, pre.std)
+    on_batch = augment if isinstance(augment, BatchAugment) else None  # applied to each batch on the device
+    dataset = ImageDataset(split.train, pre, None if on_batch else augment, cache=config.cache_images)
     cache = None
     if config.trunk_cache:
         if dist.world_size > 1:
             raise ValueError("trunk_cache trains in one process: set trunk_cache: 0 under torchrun")
         cache = build_trunk_cache(model, dataset, config.trunk_cache, config.seed, device,
-                                  num_workers=config.num_workers, autocast=autocast, progress=progress)
+                                  num_workers=config.num_workers, autocast=autocast, progress=progress,
+                                  augment=on_batch)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
-                 weighting, optimizer, scheduler, scaler, dataset, cache, memory, layout)
+                 weighting, optimizer, scheduler, scaler, dataset, cache, memory, layout, on_batch)
 
 
 def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
@@ -287,6 +291,8 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
     device = setup.device
     cuda = device.type == "cuda"  # pinned batches: the copies need not wait
     images = images.to(device, non_blocking=cuda)
+    if setup.batch_augment is not None and setup.trunk_cache is None:
+        images = setup.batch_augment(images)
     if images.dim() == 4:
         images = images.contiguous(memory_format=setup.layout)
     labels = labels.to(device, non_blocking=cuda)

@@ -7,6 +7,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from metricsearch.models.torch_embedder import Embedder
+from metricsearch.train.augment import BatchAugment
 from metricsearch.train.dataset import ImageDataset
 
 
@@ -31,8 +32,10 @@ class TrunkCache:
 def build_trunk_cache(
     model: Embedder, dataset: ImageDataset, views: int, seed: int, device: torch.device, batch_size: int = 64,
     num_workers: int = 0, autocast: torch.dtype | None = None, progress: bool = False,
+    augment: BatchAugment | None = None,
 ) -> TrunkCache:
-    """The frozen trunk of `model` run once over `views` passes of `dataset` (each pass its own seeded augmentation)."""
+    """The frozen trunk of `model` run once over `views` passes of `dataset` (each pass its own seeded augmentation,
+    the dataset's own or `augment` of each batch)."""
     from tqdm.auto import tqdm
 
     if model.trunk is None:
@@ -46,8 +49,11 @@ def build_trunk_cache(
             loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
             start = 0
             for images, _, _ in loader:
+                images = images.to(device)
+                if augment is not None:
+                    images = augment(images)
                 with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-                    out = model.trunk(images.to(device)).half().cpu()
+                    out = model.trunk(images).half().cpu()
                 if features is None:
                     features = torch.empty((views, len(dataset), *out.shape[1:]), dtype=torch.float16)
                 features[view, start:start + len(out)] = out
