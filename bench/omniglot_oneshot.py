@@ -49,6 +49,7 @@ from metricsearch.models import PixelEmbedder
 from metricsearch.models.torch_embedder import load_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.trainer import train
+from results_files import write_results
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "omniglot"
@@ -339,9 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
     text += f"\nTotal wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores."
     print(text)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.with_suffix(".md").write_text(text + "\n")
-    args.results.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_results(args.results, text, summary)
     return 0
 
 

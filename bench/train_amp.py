@@ -27,6 +27,7 @@ import torch
 from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.device import cpu_has_native_bf16
 from metricsearch.train.trainer import build_setup
+from results_files import write_results
 from train_layout import CASES, batches, time_steps
 
 ISAS = ["native", "AVX512_CORE", "AVX2"]
@@ -77,10 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(line(isa, row))
             print(lines[-1], flush=True)
     if args.results:
-        args.results.with_suffix(".md").write_text(
-            f"# Training steps: bfloat16 against float32 by CPU instruction set\n\n`python bench/train_amp.py`, "
-            f"{torch.get_num_threads()} threads, torch {torch.__version__}.\n\n{header}\n" + "\n".join(lines) + "\n")
-        args.results.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        title = "# Training steps: bfloat16 against float32 by CPU instruction set"
+        write_results(args.results, f"{title}\n\n`python bench/train_amp.py`, {torch.get_num_threads()} threads, "
+                      f"torch {torch.__version__}.\n\n{header}\n" + "\n".join(lines), rows)
     return 0
 
 

@@ -26,6 +26,7 @@ import torch
 
 from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.trainer import Setup, build_setup, epoch_batches, train_step
+from results_files import write_results
 
 #: label -> (config, overrides) of the cases
 CASES = {"omniglot small_cnn 28 px": ("omniglot", [])}
@@ -90,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                                + " ".join(sys.argv[1:] if argv is None else argv))
     print(text)
     if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.with_suffix(".md").write_text(text + "\n")
-        args.results.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+        write_results(args.results, text, rows)
     return 0
 
 

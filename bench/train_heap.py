@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_files import write_results
+
 #: label -> (config, overrides): the shipped recipes on their data, cut to a few batches per epoch
 CASES = {
     "omniglot small_cnn 28 px, bf16": ("omniglot", ["epochs=3", "batches_per_epoch=50"]),
@@ -98,12 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         command = f"python bench/train_heap.py {shlex.join(argv if argv is not None else sys.argv[1:])}".strip()
-        args.results.with_suffix(".md").write_text(
-            f"# Training with freed memory kept in the heap\n\n`{command}`, {torch.get_num_threads()} threads, "
-            f"CPU capability {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}. Medians over "
-            f"{args.repeats} runs per arm; images/s of the last epoch; wall, system CPU time, minor page faults "
-            f"and peak RSS of the whole command.\n\n{HEADER}\n" + "".join(line(r) + "\n" for r in rows))
-        args.results.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        text = (f"# Training with freed memory kept in the heap\n\n`{command}`, {torch.get_num_threads()} threads, "
+                f"CPU capability {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}. Medians "
+                f"over {args.repeats} runs per arm; images/s of the last epoch; wall, system CPU time, minor page "
+                f"faults and peak RSS of the whole command.\n\n{HEADER}\n" + "".join(line(r) + "\n" for r in rows))
+        write_results(args.results, text, rows)
     return 0
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 
 from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.trainer import Setup, build_setup, epoch_batches, train_step
+from results_files import write_results
 
 #: label -> (config, overrides): the shipped recipes on their data (the grocery photos from ../shared/data)
 CASES = {
@@ -125,11 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         lines = "".join(line(r) + "\n" for r in rows)
         cpu = torch.backends.cpu.get_cpu_capability()
-        args.results.with_suffix(".md").write_text(
-            f"# Training steps: channels-last against contiguous\n\n`python bench/train_layout.py`, "
-            f"{torch.get_num_threads()} threads, CPU capability {cpu}, torch {torch.__version__}.\n\n" + header + "\n"
-            + lines)
-        args.results.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        write_results(args.results,
+                      f"# Training steps: channels-last against contiguous\n\n`python bench/train_layout.py`, "
+                      f"{torch.get_num_threads()} threads, CPU capability {cpu}, torch {torch.__version__}.\n\n"
+                      + header + "\n" + lines, rows)
     return 0
 
 
