@@ -206,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("train", _cmd_train, "Train an embedder from a YAML config; writes OUTPUT_DIR/NAME/ "
             "(config.yaml, metrics.jsonl, last.pt, best.pt, training.png).")
-    p.add_argument("--config", help="a YAML config file, or the name of a packaged one (digits, omniglot, cub200, "
-                   "cars196, sop, inshop); without it the digits recipe runs")
+    p.add_argument("--config", help="a YAML config file, or the name of a packaged one (digits, omniglot, demo, "
+                   "grocery, cub200, cars196, sop, inshop); without it the digits recipe runs")
     p.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
                    help="override config values, dotted keys, YAML values, applied in order (e.g. --set "
                         "sampler.name=p_random sampler.p=0.1 weighting.name=importance); repeatable")

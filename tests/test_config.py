@@ -200,6 +200,15 @@ def test_a_packaged_config_by_name_from_any_folder(tmp_path):
     assert load_config(tmp_path / "digits")["name"] == "mine"
 
 
+def test_train_help_names_every_packaged_config(capsys):
+    from metricsearch.train.config import packaged_configs
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert all(re.search(rf"\b{name}\b", text) for name in packaged_configs()), (packaged_configs(), text)
+
+
 def test_the_defaults_are_the_packaged_digits_recipe(repo):
     recipe = load_config(repo / "configs" / "digits.yaml")
     assert load_config() == recipe == DEFAULTS
