@@ -30,17 +30,18 @@ from results_files import write_results
 
 #: label -> (config, overrides) of the cases
 CASES = {"omniglot small_cnn 28 px": ("omniglot", [])}
+#: the augmentations compared, with the same parameters (the config's)
+ARMS = ("affine", "batch_affine")
 
 
 def arms(config: str, overrides: list[str]) -> dict[str, Setup]:
-    """The trainer's setup for `config`, once with its augment section as it is and once as batch_affine."""
-    loaded = load_config(config, overrides)
-    section = dict(loaded["augment"])
-    if section.get("name") != "affine":
-        raise SystemExit(f"{config}: its augment is {section.get('name')!r}; this bench compares affine's arms")
-    batch = json.dumps({**section, "name": "batch_affine"})
-    return {name: build_setup(typed_config(load_config(config, [*overrides, f"augment={text}"])))
-            for name, text in (("affine", json.dumps(section)), ("batch_affine", batch))}
+    """The trainer's setup for `config`, once with its augment section as affine and once as batch_affine."""
+    section = dict(load_config(config, overrides)["augment"])
+    if section.get("name") not in ARMS:
+        raise SystemExit(f"{config}: its augment is {section.get('name')!r}; this bench compares {' and '.join(ARMS)}")
+    return {name: build_setup(typed_config(load_config(config, [*overrides,
+                                                                f"augment={json.dumps({**section, 'name': name})}"])))
+            for name in ARMS}
 
 
 def time_arms(setups: dict[str, Setup], steps: int, warmup: int) -> dict[str, dict[str, float]]:
