@@ -131,3 +131,19 @@ def test_training_on_the_trunk_cache_learns_leaves_the_trunk_and_resumes_exactly
             if a.requires_grad]
     assert tail and not any(torch.equal(a, b) for a, b in tail)
     assert state["model_config"]["freeze"] == 5 and 0 < straight.last_metrics["recall_at_k"][1] <= 1
+
+
+def test_with_a_trunk_cache_the_batch_augmentation_warps_the_cached_views_not_the_steps(tmp_path) -> None:
+    from metricsearch.train.augment import BatchAffine
+    from metricsearch.train.config import typed_config
+    from metricsearch.train.trainer import build_setup
+
+    model = {"backbone": LITE0, "dim": 8, "preprocessing": GRAY32, "freeze": 4}
+    base = [f"model={model}", f"dataset=folder:{digit_folder(tmp_path / 'digits')}", "split_classes=0.6",
+            "sampler={name: group, classes_per_batch: 3, images_per_class: 4}",
+            "augment={name: batch_affine, degrees: 20}"]
+    cached = build_setup(typed_config(load_config("digits", [*base, "trunk_cache=2"])))
+    plain = build_setup(typed_config(load_config("digits", [*base, "trunk_cache=0"])))
+    assert cached.trunk_cache is not None and cached.batch_augment is None and cached.dataset.augment is None
+    assert isinstance(plain.batch_augment, BatchAffine) and plain.dataset.augment is None
+    assert not torch.allclose(cached.trunk_cache.features[0].float(), cached.trunk_cache.features[1].float())

@@ -94,7 +94,7 @@ class Setup:
     trunk_cache: TrunkCache | None = None  # config trunk_cache: the steps train on cached trunk outputs
     memory: CrossBatchMemory | None = None  # config memory.size > 0: the loss also compares with earlier batches
     layout: torch.memory_format = torch.contiguous_format  # of the model's weights and the batches (memory_format)
-    batch_augment: BatchAugment | None = None  # an augmentation of whole batches (batch_affine), on the device
+    batch_augment: BatchAugment | None = None  # what each step applies to its batch on the device (batch_affine)
 
 
 @dataclass
@@ -198,7 +198,8 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
                                   num_workers=config.num_workers, autocast=autocast, progress=progress,
                                   augment=on_batch)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
-                 weighting, optimizer, scheduler, scaler, dataset, cache, memory, layout, on_batch)
+                 weighting, optimizer, scheduler, scaler, dataset, cache, memory, layout,
+                 None if cache is not None else on_batch)  # with a trunk cache, the views hold it already
 
 
 def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
@@ -291,7 +292,7 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
     device = setup.device
     cuda = device.type == "cuda"  # pinned batches: the copies need not wait
     images = images.to(device, non_blocking=cuda)
-    if setup.batch_augment is not None and setup.trunk_cache is None:
+    if setup.batch_augment is not None:
         images = setup.batch_augment(images)
     if images.dim() == 4:
         images = images.contiguous(memory_format=setup.layout)
