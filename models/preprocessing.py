@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 from PIL import Image
@@ -27,6 +27,7 @@ class Preprocessing:
     resize: str = "stretch"  # or shorter_center_crop (photos) or ink_box (drawings: the square around the ink)
     crop_ratio: float = 0.875  # shorter_center_crop: shorter side to size / crop_ratio, then crop
     ink_fill: float = INK_FILL  # ink_box: the fraction of the square that the ink's longer side fills
+    ink_width: float | None = None  # ink_box: the strokes thickened or thinned to this width in output pixels
     interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
@@ -38,6 +39,8 @@ class Preprocessing:
             raise ValueError(f"preprocessing resize must be one of {RESIZE_POLICIES}, got {self.resize!r}")
         if not 0 < self.ink_fill <= 1:
             raise ValueError(f"preprocessing ink_fill must be in (0, 1], got {self.ink_fill}")
+        if self.ink_width is not None and not self.ink_width > 0:
+            raise ValueError(f"preprocessing ink_width must be > 0 pixels or null, got {self.ink_width}")
         if len(self.mean) != self.channels or len(self.std) != self.channels:
             raise ValueError(
                 f"preprocessing mean/std need {self.channels} value(s) each, got {self.mean} / {self.std}"
@@ -55,7 +58,11 @@ class Preprocessing:
         image = image if image.mode == self.mode else image.convert(self.mode)
         resample = getattr(Image.Resampling, self.interpolation.upper())
         if self.resize == "ink_box":
-            return ink_square(image, self.ink_fill).resize((self.size, self.size), resample)
+            level = paper_level(image)  # the square's own border may be ink where the ink fills it
+            square = ink_square(image, self.ink_fill, level)
+            if self.ink_width is not None:
+                square = ink_stroke(square, self.ink_width * square.width / self.size, level)
+            return square.resize((self.size, self.size), resample)
         box = self.crop_box(*image.size) if self.resize == "shorter_center_crop" else None
         return image.resize((self.size, self.size), resample, box=box)
 
@@ -120,15 +127,15 @@ class Preprocessing:
         return cls.from_dict(json.loads(text))
 
 
-def ink_square(image: Image.Image, fill: float = INK_FILL) -> Image.Image:
+def ink_square(image: Image.Image, fill: float = INK_FILL, level: int | None = None) -> Image.Image:
     """The square around a drawing's ink (centred on its bounding box, the longer side `fill` of it), padded
-    with the background's colour where it leaves the image; the whole image when it has no ink."""
-    grey = image if image.mode == "L" else image.convert("L")
-    level = int(np.median(_border(np.asarray(grey))))
-    box = grey.point(_ink_table(level)).getbbox()
-    if box is None:
+    with the background's colour where it leaves the image; the whole image when it has no ink. `level`: the
+    paper's grey level (default: `paper_level(image)`)."""
+    ink, level = _ink(image, level)
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    if rows.size == 0:
         return image
-    left, top, right, bottom = box
+    left, top, right, bottom = int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1
     side = round(max(bottom - top, right - left) / fill)  # >= 1: the box holds a pixel and fill <= 1
     x0, y0 = (left + right - side) // 2, (top + bottom - side) // 2
     background = level if image.mode == "L" else tuple(int(v) for v in np.median(_border(np.asarray(image)), axis=0))
@@ -137,12 +144,50 @@ def ink_square(image: Image.Image, fill: float = INK_FILL) -> Image.Image:
     return square
 
 
+def ink_stroke(image: Image.Image, width: float, level: int | None = None) -> Image.Image:
+    """The drawing with its strokes thickened or thinned to a mean width of `width` pixels (measured as twice the
+    ink's area over its outline), the fraction of a pixel as a blend of two whole-pixel steps. `level`: the
+    paper's grey level (default: `paper_level(image)`)."""
+    pixels = np.asarray(image)
+    ink, level = _ink(image, level)
+    inside = ink[1:-1, 1:-1] & ink[:-2, 1:-1] & ink[2:, 1:-1] & ink[1:-1, :-2] & ink[1:-1, 2:]
+    outline = int(ink.sum() - inside.sum())  # ink pixels with a 4-neighbour that is not ink (or the edge)
+    if outline == 0:
+        return image
+    step = (width - 2 * ink.sum() / outline) / 2  # pixels added to (or taken from) each side of a stroke
+    grow = np.minimum if (step > 0) == (level >= 128) else np.maximum  # dark ink: the minimum thickens it
+    whole, part = divmod(abs(step), 1.0)
+    inner = pixels
+    for _ in range(int(whole)):
+        inner = _square_filter(inner, grow)
+    outer = _square_filter(inner, grow).astype(np.float32)
+    blended = inner * np.float32(1 - part) + outer * np.float32(part)
+    return Image.fromarray(np.rint(blended).astype(np.uint8), image.mode)
+
+
+def _square_filter(pixels: np.ndarray, reduce: np.ufunc) -> np.ndarray:
+    """Each pixel replaced by `reduce` (minimum or maximum) over its 3 x 3 neighbourhood within the image."""
+    rows = pixels.copy()
+    reduce(rows[1:], pixels[:-1], out=rows[1:])
+    reduce(rows[:-1], pixels[1:], out=rows[:-1])
+    out = rows.copy()
+    reduce(out[:, 1:], rows[:, :-1], out=out[:, 1:])
+    reduce(out[:, :-1], rows[:, 1:], out=out[:, :-1])
+    return out
+
+
 def _border(pixels: np.ndarray) -> np.ndarray:
     """The pixels of an image's four edges."""
     return np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
 
 
-@lru_cache(maxsize=256)
-def _ink_table(level: int) -> list[int]:
-    """Pillow's point table: 255 for grey levels that are ink on a background of `level`, else 0."""
-    return [255 * (abs(v - level) > INK_CONTRAST) for v in range(256)]
+def paper_level(image: Image.Image) -> int:
+    """The grey level of a drawing's paper: the median of the image's border."""
+    return int(np.median(_border(np.asarray(image if image.mode == "L" else image.convert("L")))))
+
+
+def _ink(image: Image.Image, level: int | None = None) -> tuple[np.ndarray, int]:
+    """A drawing's ink mask (grey levels more than INK_CONTRAST from the paper's) and the paper's grey level."""
+    grey = np.asarray(image if image.mode == "L" else image.convert("L"))
+    level = paper_level(image) if level is None else level
+    return np.abs(grey.astype(np.int16) - level) > INK_CONTRAST, level

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageFilter
 
 from metricsearch.models import Preprocessing
-from metricsearch.models.preprocessing import INK_FILL, ink_square
+from metricsearch.models.preprocessing import INK_FILL, ink_square, ink_stroke
 from metricsearch.models.torch_embedder import build_embedder, load_embedder
 from metricsearch.models.backbones import BACKBONES
 
@@ -68,6 +68,73 @@ def test_ink_box_pads_with_the_background_colour_and_keeps_a_blank_image() -> No
     assert out.size == (10, 10) and np.asarray(out)[0, 0].tolist() == [200, 220, 240]
     blank = Image.new("L", (30, 20), 255)
     assert ink_square(blank) is blank
+
+
+def _drawing(width: int, ink: int = 0, paper: int = 255) -> Image.Image:
+    """Two strokes `width` px wide and 80 px long that do not touch (`width` <= 15), in a 95 px box on a 120 px
+    square."""
+    image = Image.new("L", (120, 120), paper)
+    image.paste(ink, (10, 25, 10 + width, 105))
+    image.paste(ink, (25, 10, 105, 10 + width))
+    return image
+
+
+def _mean_width(image: Image.Image) -> float:
+    """Dark ink's mass over the strokes' length (160 px in all): the mean stroke width a reader would see."""
+    return float((1 - np.asarray(image, np.float64) / 255).sum() / 160)
+
+
+@pytest.mark.parametrize("start", [2, 3, 6])
+@pytest.mark.parametrize("target", [2.0, 3.5, 5.0, 8.0])
+def test_ink_stroke_brings_strokes_to_the_set_width(start, target) -> None:
+    """Whole pixels as a 3 x 3 minimum (dark ink) per step, the fraction of a step as a blend: the mean width
+    lands on the target however thick the strokes were."""
+    out = ink_stroke(_drawing(start), target)
+    assert out.size == (120, 120) and out.mode == "L"
+    assert abs(_mean_width(out) - target) <= 0.1 * target  # within 10%: the strokes' ends grow too
+    light = ink_stroke(_drawing(start, ink=255, paper=0), target)  # light ink on dark paper
+    np.testing.assert_allclose(np.asarray(light, int), 255 - np.asarray(out, int), atol=1)  # halves round up
+    assert ink_stroke(Image.new("L", (30, 30), 255), target).getextrema() == (255, 255)  # no ink, no change
+
+
+def test_ink_stroke_steps_are_the_square_rank_filters() -> None:
+    """One whole step each way is Pillow's 3 x 3 minimum or maximum filter, on grey and colour images."""
+    rng = np.random.default_rng(0)
+    grey = Image.fromarray(np.where(rng.random((40, 50)) < 0.02, 0, 255).astype(np.uint8))
+    width = 2 * (np.asarray(grey) < 128).sum() / _outline(np.asarray(grey) < 128)
+    np.testing.assert_array_equal(np.asarray(ink_stroke(grey, width + 2)),
+                                  np.asarray(grey.filter(ImageFilter.MinFilter(3))))
+    np.testing.assert_array_equal(np.asarray(ink_stroke(grey, width + 4)),
+                                  np.asarray(grey.filter(ImageFilter.MinFilter(5))))
+    colour = Image.merge("RGB", [grey, grey.point(lambda v: v // 2 + 100), grey])
+    np.testing.assert_array_equal(np.asarray(ink_stroke(colour, width + 2)),
+                                  np.asarray(colour.filter(ImageFilter.MinFilter(3))))
+    thick = grey.filter(ImageFilter.MinFilter(5))
+    width = 2 * (np.asarray(thick) < 128).sum() / _outline(np.asarray(thick) < 128)
+    np.testing.assert_array_equal(np.asarray(ink_stroke(thick, width - 2)),
+                                  np.asarray(thick.filter(ImageFilter.MaxFilter(3))))
+
+
+def _outline(ink: np.ndarray) -> int:
+    """Ink pixels with a 4-neighbour that is paper or beyond the edge, counted pixel by pixel."""
+    h, w = ink.shape
+    return sum(1 for y in range(h) for x in range(w) if ink[y, x] and any(
+        not (0 <= y + dy < h and 0 <= x + dx < w) or not ink[y + dy, x + dx]
+        for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1))))
+
+
+def test_ink_width_travels_with_the_preprocessing_and_is_checked() -> None:
+    pre = Preprocessing(size=50, resize="ink_box", ink_fill=0.95, ink_width=3.0)
+    assert Preprocessing.from_json(pre.to_json()) == pre
+    assert Preprocessing.from_dict({"resize": "ink_box"}).ink_width is None  # metadata written before the key
+    for start in (2, 6):  # the 95 px box in a 100 px square, resized to 50: half an output px per drawing px
+        thin = Preprocessing(size=50, resize="ink_box", ink_fill=0.95).resized(_drawing(start))
+        even = pre.resized(_drawing(start))
+        assert abs(_mean_width(thin) * 2 - start / 2) <= 0.1 * start / 2  # without: the drawing's own, halved
+        assert abs(_mean_width(even) * 2 - 3.0) <= 0.1 * 3.0  # with: 3 output px, whatever the drawing's
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="ink_width"):
+            Preprocessing(resize="ink_box", ink_width=bad)
 
 
 def _resized_then_cropped(pre: Preprocessing, image: Image.Image) -> np.ndarray:

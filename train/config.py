@@ -70,7 +70,8 @@ class PreprocessingKeys(Section):
     std: list[float] | None = None
     resize: str | None = None
     crop_ratio: float | None = None
-    ink_fill: float | None = None
+    ink_fill: Annotated[float, Field(gt=0, le=1)] | None = None
+    ink_width: Annotated[float, Field(gt=0)] | None = None
     interpolation: str | None = None
 
 
