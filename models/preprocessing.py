@@ -151,10 +151,11 @@ def ink_stroke(image: Image.Image, width: float, level: int | None = None) -> Im
     pixels = np.asarray(image)
     ink, level = _ink(image, level)
     inside = ink[1:-1, 1:-1] & ink[:-2, 1:-1] & ink[2:, 1:-1] & ink[1:-1, :-2] & ink[1:-1, 2:]
-    outline = int(ink.sum() - inside.sum())  # ink pixels with a 4-neighbour that is not ink (or the edge)
+    area = int(ink.sum())
+    outline = area - int(inside.sum())  # ink pixels with a 4-neighbour that is not ink (or the edge)
     if outline == 0:
         return image
-    step = (width - 2 * ink.sum() / outline) / 2  # pixels added to (or taken from) each side of a stroke
+    step = (width - 2 * area / outline) / 2  # pixels added to (or taken from) each side of a stroke
     grow = np.minimum if (step > 0) == (level >= 128) else np.maximum  # dark ink: the minimum thickens it
     whole, part = divmod(abs(step), 1.0)
     inner = pixels
