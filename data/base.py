@@ -206,7 +206,6 @@ class TransformedImageSet(ImageSet):
     """An ImageSet whose image i is `items[i]` transposed by `transforms[i]` ("" = as it is)."""
 
     transforms: np.ndarray | None = None
-    class_origin: np.ndarray | None = None  # per class: the class it is a transformed copy of (itself if none)
 
     def load(self, i: int) -> Image.Image:
         image = super().load(i)
@@ -237,6 +236,5 @@ def with_transformed_classes(images: ImageSet, transforms: Sequence[str] = ()) -
         class_names=[f"{c}@{t}" if t else c for t in names for c in images.class_names],
         mode=images.mode,
         transforms=np.repeat(np.array(names, dtype=object), n),
-        class_origin=np.tile(np.arange(k, dtype=np.int64), len(names)),
         **meta,
     )

@@ -174,7 +174,6 @@ def test_rotated_copies_are_new_classes() -> None:
     part = rotated.subset([7, 1])
     assert np.array_equal(np.asarray(part.load(0)), np.asarray(rotated.load(7)))
     assert list(part.labels) == [3, 0] and list(part.groups) == ["g", "g"]
-    assert list(rotated.class_origin) == [0, 1, 2] * 4 and list(part.class_origin) == [0, 1, 2] * 4
     assert with_transformed_classes(base, []) is base
     with pytest.raises(ValueError, match="rot90"):
         with_transformed_classes(base, ["rot45"])
@@ -211,60 +210,6 @@ def test_final_fit_trains_on_every_class_and_keeps_the_last_epoch(tmp_path, caps
     assert all(torch.equal(v, last["model"][k]) for k, v in best["model"].items())
     assert main(["export", str(result.run_dir), "--out", str(tmp_path / "m.onnx")]) == 0  # parity on train images
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["max_abs_diff"] <= 1e-4
-
-
-def test_a_class_and_its_copies_are_not_negatives_within_a_group() -> None:
-    from metricsearch.train.losses.base import Mined, pair_masks, without_group_negatives
-
-    labels = torch.tensor([0, 0, 3, 3, 1])  # 3 classes and their rot180 copies: class 3 is a copy of class 0
-    origin = torch.tensor([0, 1, 2, 0, 1, 2])
-    _, neg = pair_masks(labels, without_group_negatives(None, origin[labels]))
-    expected = torch.tensor([[0, 0, 0, 0, 1], [0, 0, 0, 0, 1], [0, 0, 0, 0, 1], [0, 0, 0, 0, 1], [1, 1, 1, 1, 0]])
-    assert torch.equal(neg, expected.bool())
-    _, all_neg = pair_masks(labels, None)
-    assert all_neg[0, 2] and all_neg[1, 3]  # by default a copy is a negative like any other class
-    chosen = torch.rand(5, 5) > 0.5
-    kept = without_group_negatives(Mined(neg=chosen), origin[labels]).neg
-    assert torch.equal(kept, chosen & expected.bool())
-
-
-def test_symmetric_copies_share_their_class_group_and_the_others_do_not() -> None:
-    from metricsearch.models.preprocessing import Preprocessing
-    from metricsearch.train.copies import copy_groups
-
-    rng = np.random.default_rng(0)
-    images, labels = [], []
-    for label, symmetric in enumerate([True, False]):
-        for _ in range(6):  # six drawers: the same shape, each a little shifted, with a little noise
-            canvas = np.full((40, 40), 255, np.uint8)
-            dx, dy = rng.integers(-2, 3, size=2)
-            canvas[10 + dy:30 + dy, 18 + dx:22 + dx] = 0  # a vertical bar: its left-right mirror is itself
-            if not symmetric:
-                canvas[10 + dy:14 + dy, 22 + dx:30 + dx] = 0  # an arm to the right: the mirror points left
-            noisy = np.clip(canvas.astype(int) + rng.integers(-20, 21, canvas.shape), 0, 255).astype(np.uint8)
-            images.append(noisy)
-            labels.append(label)
-    base = ImageSet(images, np.array(labels), ["bar", "flag"], mode="L")
-    copies = with_transformed_classes(base, ["flip_lr", "rot90", "rot270"])  # bar, flag, bar@flip_lr, ...
-    pre = Preprocessing(size=28, channels=1, mean=[0.5], std=[0.5], resize="ink_box")
-    # the mirrored bar is the bar; the bar turned either way is one horizontal bar; each flag is its own
-    assert list(copy_groups(copies, pre, "distinct")) == [0, 1, 0, 3, 4, 5, 4, 7]
-    assert list(copy_groups(copies, pre, "none")) == [0, 1] * 4
-    with pytest.raises(ValueError, match="needs augment_classes"):
-        copy_groups(base, pre, "none")
-
-
-def test_training_without_copy_negatives_runs_and_checks_its_loss(tmp_path) -> None:
-    from metricsearch.train.config import load_config
-    from metricsearch.train.trainer import train
-
-    base = [f"output_dir={tmp_path}", "epochs=1", "batches_per_epoch=2", "model.dim=16", "split=all",
-            "augment_classes=[rot180]"]
-    for mode in ("none", "distinct"):
-        result = train(load_config(None, [*base, f"name={mode}", f"copy_negatives={mode}"]), progress=False)
-        assert torch.load(result.run_dir / "last.pt", weights_only=False)["config"]["copy_negatives"] == mode
-    with pytest.raises(ValueError, match="without memory"):
-        train(load_config(None, [*base, "name=bank", "copy_negatives=none", "memory.size=64"]), progress=False)
 
 
 def test_shifted_views_are_averaged_inside_the_exported_graph(tmp_path) -> None:

@@ -125,8 +125,6 @@ class TrainConfig(Section):
     split_classes: float | None = None
     split: Literal["test", "swap", "all"] = "test"  # swap: train and test exchanged; all: final fit, no test
     augment_classes: list[str] = Field(default_factory=list)  # e.g. [rot90, rot180]: transformed copies as classes
-    #: which augment_classes copies of a class are each other's negatives: all; distinct (not look-alikes); none
-    copy_negatives: Literal["all", "distinct", "none"] = "all"
     download: bool = False
     model: ModelConfig = Field(default_factory=ModelConfig)
     augment: Component

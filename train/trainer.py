@@ -21,12 +21,10 @@ from torch.utils.data import DataLoader
 from metricsearch.data import DataSplit, ImageSet, load_split, with_transformed_classes
 from metricsearch.errors import MetricsearchError
 from metricsearch.evaluation import evaluate_split
-from metricsearch.models.preprocessing import Preprocessing
 from metricsearch.models.torch_embedder import Embedder, build_embedder
 from metricsearch.train import losses, sampling
 from metricsearch.train.augment import BatchAugment, build_augment
 from metricsearch.train.board import Board
-from metricsearch.train.copies import copy_groups
 from metricsearch.train.config import DEFAULTS, TrainConfig, typed_config
 from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
@@ -35,7 +33,7 @@ from metricsearch.train.distributed import (
     DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
 )
 from metricsearch.train.heap import keep_heap, kept_heap
-from metricsearch.train.losses.base import MetricLoss, Mined, Weighting, without_group_negatives
+from metricsearch.train.losses.base import MetricLoss, Mined, Weighting
 from metricsearch.train.memory import CrossBatchMemory
 from metricsearch.train.optim import build_optimizer, build_schedule
 from metricsearch.train.plots import plot_training
@@ -97,7 +95,6 @@ class Setup:
     memory: CrossBatchMemory | None = None  # config memory.size > 0: the loss also compares with earlier batches
     layout: torch.memory_format = torch.contiguous_format  # of the model's weights and the batches (memory_format)
     batch_augment: BatchAugment | None = None  # what each step applies to its batch on the device (batch_affine)
-    copy_groups: Tensor | None = None  # per class (on the device): no negatives within a group (copy_negatives)
 
 
 @dataclass
@@ -180,7 +177,6 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     model = build_embedder(config.model.model_dump(mode="json"), pretrained=config.model.pretrained)
     loss, sampler, miner, weighting = build_components(config, split.train, dist)
     memory = build_memory(config, loss, sampler, miner, weighting, model.dim)
-    groups = build_copy_groups(config, split.train, model.preprocessing, loss, miner, memory)
     model.to(device)
     loss.to(device)
     if memory is not None:
@@ -203,8 +199,7 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
                                   augment=on_batch)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
                  weighting, optimizer, scheduler, scaler, dataset, cache, memory, layout,
-                 None if cache is not None else on_batch,  # with a trunk cache, the views hold it already
-                 None if groups is None else groups.to(device))
+                 None if cache is not None else on_batch)  # with a trunk cache, the views hold it already
 
 
 def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
@@ -216,17 +211,6 @@ def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampl
         raise ValueError("memory (a cross-batch memory) compares with all of its pairs: drop the miner and the "
                          "weighting, use the group sampler, or set memory.size: 0")
     return CrossBatchMemory(loss, config.memory.size, dim, start_step=config.memory.start_epoch * len(sampler))
-
-
-def build_copy_groups(config: TrainConfig, images: ImageSet, preprocessing: Preprocessing, loss: MetricLoss,
-                      miner: Callable[..., Mined] | None, memory: CrossBatchMemory | None) -> Tensor | None:
-    """Per class of `images`, its group under copy_negatives (no negative pairs within one); None for all."""
-    if config.copy_negatives == "all":
-        return None
-    if memory is not None or (loss.mines != "pairs" and miner is None):
-        raise ValueError(f"copy_negatives: {config.copy_negatives} restricts the pairs of a batch: use a pair loss "
-                         "(or a miner) without memory, or set copy_negatives: all")
-    return torch.as_tensor(copy_groups(images, preprocessing, config.copy_negatives))
 
 
 def build_components(
@@ -317,8 +301,6 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
         emb = setup.forward(images) if setup.trunk_cache is None else setup.model.embed_from_trunk(images)
     emb, labels, indices = gather_batch(emb.float(), labels, indices.to(device, non_blocking=cuda), setup.dist)
     mined = setup.sampler.pairs(labels)
-    if setup.copy_groups is not None:
-        mined = without_group_negatives(mined, setup.copy_groups[labels])
     if setup.miner is not None:
         mined = setup.miner(emb.detach(), labels, mined)
     compute = setup.loss if setup.memory is None else setup.memory

@@ -7,7 +7,7 @@ computed from `S = similarity(embeddings)` (or from the only block of S it reads
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
@@ -72,14 +72,6 @@ def pair_masks(labels: Tensor, mined: Mined | None) -> tuple[Tensor, Tensor]:
     if mined is not None and mined.neg is not None:
         neg = neg & mined.neg
     return pos, neg
-
-
-def without_group_negatives(mined: Mined | None, groups: Tensor) -> Mined:
-    """`mined` with the pairs whose two images share a group (`groups`: one per image) no longer negatives."""
-    apart = groups[:, None] != groups[None, :]
-    if mined is None:
-        return Mined(neg=apart)
-    return replace(mined, neg=apart if mined.neg is None else mined.neg & apart)
 
 
 def check_positive(**params: float) -> None:
