@@ -29,8 +29,9 @@ class ImageSet:
     labels: np.ndarray
     class_names: list[str]
     mode: str | None = None  # convert loaded images to this PIL mode; None keeps the stored mode
-    #: optional per-image metadata: the group of each image's class (Omniglot: its alphabet) and the
-    #: source of each image (Omniglot: its drawer); one-shot episodes use them when present
+    #: optional per-image metadata: the group of each image's class (Omniglot: its alphabet; SOP, Grocery: its
+    #: super-class) and the source of each image (Omniglot: its drawer); one-shot episodes and the super_class
+    #: sampler use them
     groups: np.ndarray | None = None
     sources: np.ndarray | None = None
 

@@ -9,11 +9,13 @@ from .scan import find_root, image_path, keep_readable, read_rows
 
 
 def _load_index(root: Path, index: str) -> ImageSet:
-    """The images listed in one Ebay_*.txt (header `image_id class_id super_class_id path`)."""
+    """The images listed in one Ebay_*.txt (header `image_id class_id super_class_id path`); each class's
+    super-class folder (e.g. `bicycle_final`) is its group."""
     rows = read_rows(root / index, skip=1)
-    names = {int(cid): f"{PurePosixPath(rel).parent}/{cid}" for _, cid, _, rel in rows}
+    folder = {int(cid): str(PurePosixPath(rel).parent) for _, cid, _, rel in rows}
     paths, keys = keep_readable([image_path(root, rel) for *_, rel in rows], [int(r[1]) for r in rows], root)
-    return image_set(paths, keys, names=names)
+    return image_set(paths, keys, names={cid: f"{f}/{cid}" for cid, f in folder.items()},
+                     groups=[folder[k] for k in keys])
 
 
 def load(path: Path) -> DataSplit:

@@ -177,6 +177,8 @@ def test_sop_train_and_test_index_files(tmp_path: Path):
     assert split.test.class_names == ["bicycle_final/3", "chair_final/4"]
     assert split.train.class_counts() == {0: 2, 1: 1}
     assert split.test.class_counts() == {0: 1, 1: 2}
+    assert list(split.train.groups) == ["bicycle_final", "bicycle_final", "chair_final"]  # super_class batches
+    assert list(split.test.groups) == ["bicycle_final", "chair_final", "chair_final"]
 
 
 # --- inshop -----------------------------------------------------------------------------------

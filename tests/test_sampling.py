@@ -168,6 +168,7 @@ def test_importance_delta_and_errors() -> None:
         ("group", {"classes_per_batch": 2, "images_per_class": 2}),
         ("p_random", {"p": 0.5, "pairs_per_batch": 3}),
         ("npair_hard_class", {"classes_per_batch": 2, "images_per_class": 2}),
+        ("super_class", {"classes_per_batch": 2, "images_per_class": 2, "groups": np.arange(N) % 2}),
     ],
 )
 def test_samplers_deterministic_epochs_ranks(name: str, params: dict) -> None:
@@ -190,7 +191,49 @@ def test_samplers_deterministic_epochs_ranks(name: str, params: dict) -> None:
 
 
 def test_all_samplers_are_covered() -> None:
-    assert set(SAMPLERS.names()) >= {"group", "p_random", "npair_hard_class"}
+    assert set(SAMPLERS.names()) >= {"group", "p_random", "npair_hard_class", "super_class"}
+
+
+#: 20 classes of 3 images in 4 super-classes of 2, 4, 6 and 8 classes
+SUPER_SIZES = [2, 4, 6, 8]
+SUPER_OF_CLASS = np.repeat(np.arange(len(SUPER_SIZES)), SUPER_SIZES)
+SUPER_LABELS = np.random.default_rng(1).permutation(np.repeat(np.arange(len(SUPER_OF_CLASS)), 3))
+
+
+@pytest.mark.parametrize("n, s, groups_per_batch", [(2, 1, {1}), (7, 1, {1, 2, 3}), (9, 2, {2, 3}), (20, 1, {4})])
+def test_super_class_batches_come_from_as_few_super_classes_as_hold_them(n, s, groups_per_batch) -> None:
+    sampler = build_sampler("super_class", SUPER_LABELS, SUPER_OF_CLASS[SUPER_LABELS], classes_per_batch=n,
+                            images_per_class=2, super_classes_per_batch=s)
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(300):
+        batch = sampler.draw(rng)
+        classes, per_class = np.unique(SUPER_LABELS[batch], return_counts=True)
+        assert len(batch) == len(set(batch.tolist())) == 2 * n and len(classes) == n and (per_class == 2).all()
+        groups = np.unique(SUPER_OF_CLASS[classes])
+        sizes = sorted(SUPER_SIZES[g] for g in groups)
+        assert sum(sizes) >= n and len(groups) >= s
+        assert len(groups) == s or sum(sizes) - sizes[-1] < n  # taken until they held n: without the last, short
+        seen.add(len(groups))
+    assert seen == groups_per_batch
+
+
+def test_super_class_batches_draw_every_class_equally_often() -> None:
+    sampler = build_sampler("super_class", SUPER_LABELS, SUPER_OF_CLASS[SUPER_LABELS], classes_per_batch=2,
+                            images_per_class=2)
+    rng = np.random.default_rng(0)
+    draws = 20_000
+    hits = np.bincount(np.concatenate([np.unique(SUPER_LABELS[sampler.draw(rng)]) for _ in range(draws)]), minlength=20)
+    expected = draws * 2 / 20  # a super-class as often as its classes, then 2 of its classes: 2/20 per class
+    assert np.abs(hits - expected).max() < 5 * np.sqrt(expected * (1 - 2 / 20))
+
+
+def test_super_class_sampler_rejects_missing_groups_and_bad_counts() -> None:
+    with pytest.raises(ValueError, match="needs the group of each image.*use sampler group"):
+        build_sampler("super_class", SUPER_LABELS, classes_per_batch=2, images_per_class=2)
+    with pytest.raises(ValueError, match="between 1 and the 4 super-classes, got 5"):
+        build_sampler("super_class", SUPER_LABELS, SUPER_OF_CLASS[SUPER_LABELS], classes_per_batch=2,
+                      images_per_class=2, super_classes_per_batch=5)
 
 
 class UniformSampler(LabelBatchSampler):

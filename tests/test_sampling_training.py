@@ -40,6 +40,11 @@ COMBOS = {
 }
 
 
+#: super-class batches need the images' groups: Omniglot's alphabets (the embedded minimal sets), not digits
+SUPER_CLASS = ["dataset=omniglot", "split=test",
+               "sampler={name: super_class, classes_per_batch: 8, images_per_class: 4, super_classes_per_batch: 1}"]
+
+
 def config(tmp_path, name: str, overrides: list[str]) -> dict:
     """A digits config of 2 x 8 steps with the given component overrides, in 4 dimensions: in 32 or more even
     the untrained network's features reach Recall@1 ~0.96 on the held-out digits (test_loss_training.py)."""
@@ -55,7 +60,7 @@ def untrained_recall_at_1(tmp_path_factory: pytest.TempPathFactory) -> float:
 
 
 def test_every_component_is_covered() -> None:
-    text = " ".join(" ".join(v) for v in COMBOS.values())
+    text = " ".join(" ".join(v) for v in [*COMBOS.values(), SUPER_CLASS])
     for name in sampling.SAMPLERS.names() + sampling.MINERS.names() + sampling.WEIGHTINGS.names():
         assert f"name: {name}" in text or f"name={name}" in text, name
 
@@ -69,7 +74,24 @@ def test_combination_trains_on_digits(tmp_path, combo: str, untrained_recall_at_
     assert recall > untrained_recall_at_1, f"{combo}: Recall@1 {recall:.4f}, untrained {untrained_recall_at_1:.4f}"
 
 
+def test_super_class_batches_train_each_on_one_alphabet(tmp_path) -> None:
+    from metricsearch.data import load_split
+    from metricsearch.train.config import typed_config
+    from metricsearch.train.trainer import build_components
+
+    cfg = config(tmp_path, "super", SUPER_CLASS)
+    train_set = load_split("omniglot", split="test").train
+    sampler = build_components(typed_config(cfg), train_set)[1]
+    alphabets = [set(train_set.groups[batch]) for batch in sampler]
+    assert len(alphabets) == len(sampler) and all(len(a) == 1 for a in alphabets)
+    result = train(cfg, progress=False)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(math.isfinite(row["loss"]) for row in rows)
+    assert rows[-1]["loss"] < rows[0]["loss"]
+
+
 @pytest.mark.parametrize("overrides, message", [
+    (["sampler={name: super_class, classes_per_batch: 5}"], "needs the group of each image"),
     (["miner.name=semihard", "loss.name=contrastive"], "triplet"),
     (["miner.name=ms", "loss.name=triplet"], "pair"),
     (["weighting.name=importance", "loss.name=ms"], "weighting"),

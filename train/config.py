@@ -166,7 +166,7 @@ COMPONENTS = ("loss", "sampler", "miner", "weighting", "schedule", "augment")
 #: passes the component itself (never set in a config), and the section's keys besides the parameters
 SECTIONS: dict[str, tuple[Registry[Any], tuple[str, ...], tuple[str, ...]]] = {
     "loss": (LOSSES, CONTEXT_KEYS, ()),
-    "sampler": (SAMPLERS, ("labels", "seed", "batches_per_epoch", "rank", "world_size"), ()),
+    "sampler": (SAMPLERS, ("labels", "groups", "seed", "batches_per_epoch", "rank", "world_size"), ()),
     "miner": (MINERS, (), ()),
     "weighting": (WEIGHTINGS, CONTEXT_KEYS, ()),
     "optimizer": (OPTIMIZERS, ("params",), ("head_lr",)),

@@ -12,18 +12,20 @@ from metricsearch.data import ImageSet
 
 @dataclass(frozen=True)
 class TrainContext:
-    """The training set's labels and class sizes, and the batch sampler once built."""
+    """The training set's labels, class sizes and groups, and the batch sampler once built."""
 
     labels: np.ndarray
     class_counts: dict[int, int]
     num_classes: int
     num_images: int
+    groups: np.ndarray | None = None  # each image's super-class (Omniglot: its alphabet), when the data set has them
     sampler: Any = None  # the LabelBatchSampler, for the weightings that correct for its design
 
     @classmethod
     def of(cls, images: ImageSet, sampler: Any = None) -> "TrainContext":
         """The context of a training set."""
-        return cls(np.asarray(images.labels), images.class_counts(), len(images.class_names), len(images), sampler)
+        return cls(np.asarray(images.labels), images.class_counts(), len(images.class_names), len(images),
+                   images.groups, sampler)
 
     def as_dict(self) -> dict[str, Any]:
         """Its fields by name, and itself as `context`, as a registry passes them to the factories that take them."""

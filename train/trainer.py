@@ -221,7 +221,7 @@ def build_components(
     loss_name, loss_params = config.component("loss")
     loss = losses.build(loss_name, context, **loss_params)
     sampler_name, sampler_params = config.component("sampler")
-    sampler = sampling.build_sampler(sampler_name, context.labels, seed=config.seed,
+    sampler = sampling.build_sampler(sampler_name, context.labels, context.groups, seed=config.seed,
                                      batches_per_epoch=config.batches_per_epoch, rank=dist.rank,
                                      world_size=dist.world_size, **sampler_params)
     miner_name, miner_params = config.component("miner")

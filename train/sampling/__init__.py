@@ -9,7 +9,7 @@ import numpy as np
 from metricsearch.train.context import TrainContext
 from metricsearch.train.losses.base import Mined, Weighting
 from metricsearch.train.sampling import (  # noqa: F401  # each module registers its entries
-    distance_weighted, dro, group, hard_class, importance, miners, p_random,
+    distance_weighted, dro, group, hard_class, importance, miners, p_random, super_class,
 )
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.registry import (
@@ -17,9 +17,9 @@ from metricsearch.train.sampling.registry import (
 )
 
 
-def build_sampler(name: str, labels: np.ndarray, **params: Any) -> LabelBatchSampler:
-    """A batch sampler over `labels` by registry name."""
-    return SAMPLERS.build(name, None, labels=labels, **params)
+def build_sampler(name: str, labels: np.ndarray, groups: np.ndarray | None = None, **params: Any) -> LabelBatchSampler:
+    """A batch sampler over `labels` by registry name; `groups` (each image's super-class) goes to those taking it."""
+    return SAMPLERS.build(name, {"groups": groups}, labels=labels, **params)
 
 
 def build_miner(name: str, **params: Any) -> Callable[..., Mined]:
