@@ -30,17 +30,16 @@ class SuperClassSampler(GroupSampler):
         _, group_ids = np.unique(np.asarray(groups), return_inverse=True)
         of_class = group_ids[[m[0] for m in self.members]]
         self.by_group = [np.flatnonzero(of_class == g) for g in np.unique(of_class)]
-        sizes = np.array([len(g) for g in self.by_group], dtype=np.float64)
-        self.group_p = sizes / sizes.sum()  # a group as often as its classes: each class about equally often
+        self.sizes = np.array([len(g) for g in self.by_group])  # classes per super-class
+        self.p = self.sizes / self.sizes.sum()  # a super-class as often as its classes: each class about equally often
         if not 1 <= super_classes_per_batch <= len(self.by_group):
             raise ValueError(f"super_classes_per_batch must be between 1 and the {len(self.by_group)} super-classes, "
                              f"got {super_classes_per_batch}")
         self.s = super_classes_per_batch
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
-        order = rng.choice(len(self.by_group), size=len(self.by_group), replace=False, p=self.group_p)
-        sizes = np.cumsum([len(self.by_group[g]) for g in order])
-        taken = max(self.s, int(np.searchsorted(sizes, self.n)) + 1)  # enough groups to hold n classes
+        order = rng.choice(len(self.sizes), size=len(self.sizes), replace=False, p=self.p)
+        taken = max(self.s, int(np.searchsorted(np.cumsum(self.sizes[order]), self.n)) + 1)  # enough to hold n
         pool = np.concatenate([self.by_group[g] for g in order[:taken]])
         chosen = rng.choice(pool, size=self.n, replace=False)
         return draw_per_class(rng, self.members, chosen, self.m)
