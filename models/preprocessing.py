@@ -58,8 +58,8 @@ class Preprocessing:
         image = image if image.mode == self.mode else image.convert(self.mode)
         resample = getattr(Image.Resampling, self.interpolation.upper())
         if self.resize == "ink_box":
-            level = paper_level(image)  # the square's own border may be ink where the ink fills it
-            square = ink_square(image, self.ink_fill, level)
+            # the paper's level from the whole drawing: the square's own border may be ink where the ink fills it
+            square, level = _ink_square(image, self.ink_fill)
             if self.ink_width is not None:
                 square = ink_stroke(square, self.ink_width * square.width / self.size, level)
             return square.resize((self.size, self.size), resample)
@@ -127,29 +127,37 @@ class Preprocessing:
         return cls.from_dict(json.loads(text))
 
 
-def ink_square(image: Image.Image, fill: float = INK_FILL, level: int | None = None) -> Image.Image:
+def ink_square(image: Image.Image, fill: float = INK_FILL) -> Image.Image:
     """The square around a drawing's ink (centred on its bounding box, the longer side `fill` of it), padded
-    with the background's colour where it leaves the image; the whole image when it has no ink. `level`: the
-    paper's grey level (default: `paper_level(image)`)."""
-    ink, level = _ink(image, level)
+    with the background's colour where it leaves the image; the whole image when it has no ink."""
+    return _ink_square(image, fill)[0]
+
+
+def _ink_square(image: Image.Image, fill: float) -> tuple[Image.Image, int]:
+    """`ink_square` and the paper's grey level (the median of the image's border), from one grey copy."""
+    grey = _grey(image)
+    level = _paper(grey)
+    ink = _ink(grey, level)
     rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
     if rows.size == 0:
-        return image
+        return image, level
     left, top, right, bottom = int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1
     side = round(max(bottom - top, right - left) / fill)  # >= 1: the box holds a pixel and fill <= 1
     x0, y0 = (left + right - side) // 2, (top + bottom - side) // 2
     background = level if image.mode == "L" else tuple(int(v) for v in np.median(_border(np.asarray(image)), axis=0))
     square = Image.new(image.mode, (side, side), background)
     square.paste(image, (-x0, -y0))
-    return square
+    return square, level
 
 
 def ink_stroke(image: Image.Image, width: float, level: int | None = None) -> Image.Image:
     """The drawing with its strokes thickened or thinned to a mean width of `width` pixels (measured as twice the
     ink's area over its outline), the fraction of a pixel as a blend of two whole-pixel steps. `level`: the
-    paper's grey level (default: `paper_level(image)`)."""
+    paper's grey level (default: the median grey level of the image's border)."""
     pixels = np.asarray(image)
-    ink, level = _ink(image, level)
+    grey = pixels if image.mode == "L" else _grey(image)
+    level = _paper(grey) if level is None else level
+    ink = _ink(grey, level)
     inside = ink[1:-1, 1:-1] & ink[:-2, 1:-1] & ink[2:, 1:-1] & ink[1:-1, :-2] & ink[1:-1, 2:]
     area = int(ink.sum())
     outline = area - int(inside.sum())  # ink pixels with a 4-neighbour that is not ink (or the edge)
@@ -160,17 +168,17 @@ def ink_stroke(image: Image.Image, width: float, level: int | None = None) -> Im
     whole, part = divmod(abs(step), 1.0)
     inner = pixels
     for _ in range(int(whole)):
-        inner = _square_filter(inner, grow)
-    outer = _square_filter(inner, grow).astype(np.float32)
+        inner = square_filter(inner, grow)
+    outer = square_filter(inner, grow).astype(np.float32)
     blended = inner * np.float32(1 - part) + outer * np.float32(part)
     return Image.fromarray(np.rint(blended).astype(np.uint8), image.mode)
 
 
-def _square_filter(pixels: np.ndarray, reduce: np.ufunc) -> np.ndarray:
+def square_filter(pixels: np.ndarray, reduce: np.ufunc) -> np.ndarray:
     """Each pixel replaced by `reduce` (minimum or maximum) over its 3 x 3 neighbourhood within the image.
 
     The same pixels as Pillow's MinFilter(3) / MaxFilter(3) (tests/test_models.py), in 0.01 ms instead of 0.28 ms
-    for a 105 px drawing: it runs on every image that `ink_width` preprocesses."""
+    for a 105 px drawing: it runs on every image that `ink_width` preprocesses and that `handwriting` augments."""
     rows = pixels.copy()
     reduce(rows[1:], pixels[:-1], out=rows[1:])
     reduce(rows[:-1], pixels[1:], out=rows[:-1])
@@ -185,13 +193,14 @@ def _border(pixels: np.ndarray) -> np.ndarray:
     return np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
 
 
-def paper_level(image: Image.Image) -> int:
-    """The grey level of a drawing's paper: the median of the image's border."""
-    return int(np.median(_border(np.asarray(image if image.mode == "L" else image.convert("L")))))
+def _grey(image: Image.Image) -> np.ndarray:
+    return np.asarray(image if image.mode == "L" else image.convert("L"))
 
 
-def _ink(image: Image.Image, level: int | None = None) -> tuple[np.ndarray, int]:
-    """A drawing's ink mask (grey levels more than INK_CONTRAST from the paper's) and the paper's grey level."""
-    grey = np.asarray(image if image.mode == "L" else image.convert("L"))
-    level = paper_level(image) if level is None else level
-    return np.abs(grey.astype(np.int16) - level) > INK_CONTRAST, level
+def _paper(grey: np.ndarray) -> int:
+    return int(np.median(_border(grey)))
+
+
+def _ink(grey: np.ndarray, level: int) -> np.ndarray:
+    """A drawing's ink mask: grey levels more than INK_CONTRAST from the paper's `level`."""
+    return np.abs(grey.astype(np.int16) - level) > INK_CONTRAST

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
-from PIL import Image, ImageFilter
+from PIL import Image
 from torch import Tensor
 
+from metricsearch.models.preprocessing import square_filter
 from metricsearch.registry import Registry
 
 Augment = Callable[[Image.Image], Image.Image]
@@ -165,6 +167,6 @@ class Handwriting:
         w = lo + (hi - lo) * float(torch.rand(()))
         if w != 0.0:
             thicker = (w > 0) == self.dark_strokes
-            other = image.filter(ImageFilter.MinFilter(3) if thicker else ImageFilter.MaxFilter(3))
-            image = Image.blend(image, other, abs(w))
+            other = square_filter(np.asarray(image), np.minimum if thicker else np.maximum)
+            image = Image.blend(image, Image.fromarray(other, image.mode), abs(w))
         return image
