@@ -18,7 +18,8 @@ difference to the current recipe (or the `--ref` row) on the very same episodes.
 needs no training. `--views LABEL VIEWS` adds rows of the same weights scored with other test-time views;
 `--seeds N` trains every recipe with N seeds and adds the paired differences over seeds, whose intervals
 also cover the training's own noise (one seed moves the error by up to half a point); `--scored` joins the
-rows of an earlier run's RESULTS.json to that table instead of training them again.
+rows of an earlier run's RESULTS.json to that table instead of training them again; `--ensemble LABEL A+B`
+adds a row of rows A and B trained here, their embeddings side by side scored as one model.
 
 Run: `python bench/omniglot_oneshot.py` (all rows; 21.5 minutes on 2 idle cores, hours on busy
 ones: `--scale 0.25` trains every recipe for a quarter of its epochs), or
@@ -117,13 +118,15 @@ def twin_labels(views: dict[str, Any], center: float) -> list[str]:
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
         views: dict[str, dict[str, list]] | None = None, reuse: bool = False,
-        center: float = 0.0) -> list[dict[str, Any]]:
+        center: float = 0.0, ensembles: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
     entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}; `no TTA` = none): the
     same weights scored with those views; with `center`, every recipe also gets a twin row `centred C` (C =
     `center`): its own embeddings scored with episodes centred on their support images.
     With `reuse`, a run already finished in `keep` under the same config (test-time views aside) is scored
-    with the recipe's views, not trained again."""
+    with the recipe's views, not trained again. `ensembles` (label -> member recipes) adds a row per label: the
+    members' L2-normalised embeddings side by side, over the square root of their number (the mean of their
+    cosine similarities), its training time the sum of theirs."""
     views = {"no TTA": {"shifts": [], "rotations": []}, **(views or {})}
     splits = {fold: load_split(f"omniglot:{data}", split=FOLDS[fold]) for fold in folds}
     rows: list[dict[str, Any]] = []
@@ -134,6 +137,9 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
     twins = {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
                              "what": f"same weights, test-time views {spec if any(spec.values()) else 'off'}"}
              for name, row in zip(recipes, trained) for label, spec in views.items()}
+    ensembles = ensembles or {}
+    combined = [{"recipe": label, "what": f"ensemble of {' + '.join(members)}", "train_s": {}, "errors": {}}
+                for label, members in ensembles.items()]
     centred = twin_labels({}, center)  # one label with a center, none without
     twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
                               "what": f"same embeddings, episodes centred by {center:g} x the support mean"}
@@ -142,6 +148,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
         out = keep or Path(tmp)
         # fold by fold: a stopped run still compares recipes on whole folds
         for k, (fold, split) in enumerate(splits.items()):
+            embeddings: dict[str, np.ndarray] = {}
             for name, row in zip(recipes, trained):
                 base, overrides, _ = RECIPES[name]
                 config = recipe_config(name, base, [*overrides, *extra], fold, data, out, scale)
@@ -161,6 +168,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 model = load_embedder(result.run_dir / "last.pt")
                 model.set_views(recipe_views["shifts"], recipe_views["rotations"])
                 x = model.embed_set(split.test)
+                embeddings[name] = x / np.linalg.norm(x, axis=1, keepdims=True)
                 row["errors"][fold] = score(x, split.test, episodes)
                 for label in centred:
                     twins[name, label]["epochs"] = config["epochs"]
@@ -173,13 +181,18 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 print(f"{name} fold {fold}: {row['train_s'][fold]:.0f} s (load {row['load'][fold]:.1f}), "
                       f"within {e['within_alphabet'].mean():.4f}, across {e['across_alphabets'].mean():.4f}",
                       file=sys.stderr, flush=True)
+            for (label, members), row in zip(ensembles.items(), combined):
+                x = np.concatenate([embeddings[m] for m in members], axis=1) / np.sqrt(len(members))
+                row["errors"][fold] = score(x, split.test, episodes)
+                row["train_s"][fold] = sum(r["train_s"][fold] for r in trained if r["recipe"] in members)
+                row["epochs"] = trained[recipes.index(members[0])]["epochs"]
             done = list(splits)[:k + 1]
-            partial = [{**rows[0], "errors": {f: rows[0]["errors"][f] for f in done}}, *trained,
+            partial = [{**rows[0], "errors": {f: rows[0]["errors"][f] for f in done}}, *trained, *combined,
                        *(t for t in twins.values() if t["errors"])]
             print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
     for name, row in zip(recipes, trained):
         rows += [row, *(twins[name, label] for label in twin_labels(views, center) if twins[name, label]["errors"])]
-    return rows
+    return rows + combined
 
 
 def summarise(rows: list[dict[str, Any]], ref: str = "current") -> list[dict[str, Any]]:
@@ -290,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rows already scored by an earlier run of this script with the same data and "
                              "episodes (its RESULTS.json): those recipes are not trained again and join the seed "
                              "table, so `--seeds 8 --scored FOUR_SEEDS.json` trains seeds 4-7 only")
+    parser.add_argument("--ensemble", nargs=2, action="append", default=[], metavar=("LABEL", "MEMBERS"),
+                        help="an extra row: the embeddings of trained rows side by side ('+'-separated, e.g. "
+                             "'w32+w32s1'), each L2-normalised, as one model (the mean of their cosine similarities)")
     parser.add_argument("--folds", nargs="+", default=list(FOLDS), choices=list(FOLDS), help="folds to run")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
     args = parser.parse_args(argv)
@@ -314,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--scored: no such file: {', '.join(missing)}")
     earlier = [row for path in args.scored for row in json.loads(path.read_text())]
     recipes = [name for name in recipes if name not in {row["recipe"] for row in earlier}]
+    ensembles = {label: members.split("+") for label, members in args.ensemble}
+    unknown = [m for members in ensembles.values() for m in members if m not in recipes]
+    if unknown:
+        parser.error(f"--ensemble: {', '.join(unknown)} not among the rows trained here: {', '.join(recipes)}")
     t0 = time.perf_counter()
     views = {}
     for label, text in args.views:
@@ -330,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(f"--center: {e}")
     rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views,
-               args.reuse, args.center)
+               args.reuse, args.center, ensembles)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
     if args.seeds > 1 and args.ref in seeds:
