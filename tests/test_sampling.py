@@ -228,6 +228,14 @@ def test_super_class_batches_draw_every_class_equally_often() -> None:
     assert np.abs(hits - expected).max() < 5 * np.sqrt(expected * (1 - 2 / 20))
 
 
+def test_super_class_sampler_takes_images_without_a_group_as_one_more_group() -> None:
+    names = np.array([None, "latin", "greek", None], dtype=object)[SUPER_OF_CLASS[SUPER_LABELS]]
+    sampler = build_sampler("super_class", SUPER_LABELS, names, classes_per_batch=2, images_per_class=2)
+    same = build_sampler("super_class", SUPER_LABELS, SUPER_OF_CLASS[SUPER_LABELS] % 3, classes_per_batch=2,
+                         images_per_class=2)
+    assert sorted(sampler.sizes.tolist()) == sorted(same.sizes.tolist()) == [4, 6, 10]
+
+
 def test_super_class_sampler_rejects_missing_groups_and_bad_counts() -> None:
     with pytest.raises(ValueError, match="needs the group of each image.*use sampler group"):
         build_sampler("super_class", SUPER_LABELS, classes_per_batch=2, images_per_class=2)

@@ -15,7 +15,8 @@ class SuperClassSampler(GroupSampler):
 
     A class's negatives in a batch are then mostly of its own super-class, as in a within-alphabet episode.
     Super-classes are drawn in proportion to their classes, so each class about as often as under `group`.
-    Needs the data set's groups (Omniglot's alphabets; a class belongs to the group of its first image).
+    Needs the data set's groups (Omniglot's alphabets; a class belongs to the group of its first image; the images
+    without one, None, make one more group).
     """
 
     def __init__(
@@ -27,7 +28,9 @@ class SuperClassSampler(GroupSampler):
         if groups is None or len(groups) != len(self.labels):
             raise ValueError("sampler super_class needs the group of each image (Omniglot's alphabets); this data "
                              "set has none: use sampler group")
-        _, group_ids = np.unique(np.asarray(groups), return_inverse=True)
+        names = np.asarray(groups, dtype=object).tolist()  # np.unique cannot order None among strings: None last
+        ids = {g: k for k, g in enumerate(sorted(set(names), key=lambda g: (g is None, "" if g is None else g)))}
+        group_ids = np.array([ids[g] for g in names])
         of_class = group_ids[[m[0] for m in self.members]]
         self.by_group = [np.flatnonzero(of_class == g) for g in np.unique(of_class)]
         self.sizes = np.array([len(g) for g in self.by_group])  # classes per super-class
