@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="score runs already finished in --keep under the same config instead of training "
                              "them again (their training times are the ones measured then)")
     parser.add_argument("--seeds", type=int, default=1,
-                        help="train every recipe with seeds 0..N-1 (rows NAME, NAMEs1, ...) and add a table of the "
+                        help="train every recipe with seeds 0..N-1 (S..S+N-1 for a row with seed=S; rows NAME, "
+                             "NAMEs1, ...; an --ensemble's seed k joins its members' seed k) and add a table of the "
                              "paired differences to --ref over the seeds, with t intervals (N >= 2)")
     parser.add_argument("--scored", type=Path, action="append", default=[], metavar="RESULTS.json",
                         help="rows already scored by an earlier run of this script with the same data and "
@@ -318,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = {name: [name, *(f"{name}s{k}" for k in range(1, args.seeds))] for name in recipes}
     for name in list(recipes):
         base, overrides, what = RECIPES[name]
+        first = int(next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("seed=")), 0))
         for k in range(1, args.seeds):
-            RECIPES[f"{name}s{k}"] = (base, [*overrides, f"seed={k}"], f"{what}; seed={k}")
+            RECIPES[f"{name}s{k}"] = (base, [*overrides, f"seed={first + k}"], f"{what}; seed={first + k}")
         recipes += seeds[name][1:]
     if args.reuse and args.keep is None:
         parser.error("--reuse needs --keep FOLDER, the folder of the earlier runs")
@@ -331,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     earlier = [row for path in args.scored for row in json.loads(path.read_text())]
     recipes = [name for name in recipes if name not in {row["recipe"] for row in earlier}]
     ensembles = {label: members.split("+") for label, members in args.ensemble}
+    for label, members in list(ensembles.items()):  # seed k of an ensemble: seed k of each member
+        seeds[label] = [label, *(f"{label}s{k}" for k in range(1, args.seeds))]
+        ensembles |= {f"{label}s{k}": [f"{m}s{k}" if m in seeds else m for m in members] for k in range(1, args.seeds)}
     unknown = [m for members in ensembles.values() for m in members if m not in recipes]
     if unknown:
         parser.error(f"--ensemble: {', '.join(unknown)} not among the rows trained here: {', '.join(recipes)}")

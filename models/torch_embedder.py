@@ -25,15 +25,22 @@ class Embedder(ArrayEmbedder, nn.Module):
         self, backbone: str = "small_cnn", dim: int | None = 128, normalize: bool = True,
         preprocessing: Preprocessing | dict[str, Any] | None = None, pretrained: str | bool | None = None,
         backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None, freeze: int | None = None,
-        tta_rotations: list | None = None,
+        tta_rotations: list | None = None, members: int = 1,
     ) -> None:
         """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
         the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one).
         `freeze` N: the backbone's stem and first N blocks (the trunk) get no gradients, and every BatchNorm
-        of the backbone keeps its statistics (in eval mode even while the model trains)."""
+        of the backbone keeps its statistics (in eval mode even while the model trains).
+        `members` N > 1: an ensemble in one network, N backbones with their own heads side by side on the same
+        images; the embedding is the members' (L2-normalised) embeddings concatenated, over sqrt(N) (cosine
+        similarity: the mean of theirs), and each member trains on its own part (`member_embeddings`)."""
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
             raise ValueError(f"model.dim must be an integer >= 1 (or null: the backbone's features), got {dim!r}")
+        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+            raise ValueError(f"model.members must be an integer >= 1, got {members!r}")
+        if members > 1 and freeze is not None:
+            raise ValueError("model.freeze splits one backbone: set model.members: 1, or drop model.freeze")
         if not isinstance(preprocessing, Preprocessing):
             preprocessing = Preprocessing.from_dict({**backbone_preprocessing(backbone), **(preprocessing or {})})
         self.preprocessing = preprocessing
@@ -41,8 +48,15 @@ class Embedder(ArrayEmbedder, nn.Module):
             "backbone": backbone, "dim": dim, "normalize": normalize,
             "preprocessing": self.preprocessing.to_dict(), "backbone_params": dict(backbone_params or {}),
         }
-        self.backbone = build_backbone(backbone, self.preprocessing.channels, pretrained, dict(backbone_params or {}))
-        self.head = nn.Linear(self.backbone.out_features, dim) if dim is not None else nn.Identity()
+        nets, heads = [], []
+        for _ in range(members):  # member by member: the first is the one model members 1 builds with the same seed
+            nets.append(build_backbone(backbone, self.preprocessing.channels, pretrained, dict(backbone_params or {})))
+            heads.append(nn.Linear(nets[-1].out_features, dim) if dim is not None else nn.Identity())
+        self.backbone = nets[0] if members == 1 else SideBySide(nets)
+        self.head = heads[0] if members == 1 else SideBySide(heads, split=True)
+        self.members = members
+        if members > 1:
+            self.config["members"] = members
         self.normalize = normalize
         self.set_views(tta_shifts or [], tta_rotations or [])
         self.trunk: Trunk | None = None
@@ -87,7 +101,16 @@ class Embedder(ArrayEmbedder, nn.Module):
 
     def _finish(self, features: Tensor) -> Tensor:
         out = self.head(features)
-        return F.normalize(out, dim=1) if self.normalize else out
+        if not self.normalize:
+            return out
+        if self.members == 1:
+            return F.normalize(out, dim=1)
+        return F.normalize(out.unflatten(1, (self.members, -1)), dim=2).flatten(1) / math.sqrt(self.members)
+
+    def member_embeddings(self, embeddings: Tensor) -> list[Tensor]:
+        """Each member's own embeddings (unit length where the model normalises) from the model's (N x dim)."""
+        parts = list(embeddings.chunk(self.members, dim=1))
+        return [part * math.sqrt(self.members) for part in parts] if self.normalize and self.members > 1 else parts
 
     def embed_from_trunk(self, trunk_output: Tensor) -> Tensor:
         """Embeddings from the frozen trunk's output (`self.trunk(images)`): the same as `self(images)`."""
@@ -98,7 +121,7 @@ class Embedder(ArrayEmbedder, nn.Module):
     @property
     def dim(self) -> int:
         """Embedding dimension."""
-        return self.head.out_features if isinstance(self.head, nn.Linear) else self.backbone.out_features
+        return getattr(self.head, "out_features", self.backbone.out_features)
 
     @torch.no_grad()
     def embed_arrays(self, batch: np.ndarray) -> np.ndarray:
@@ -114,6 +137,22 @@ class Embedder(ArrayEmbedder, nn.Module):
     def checkpoint(self) -> dict[str, Any]:
         """The model part of a checkpoint: its config and weights."""
         return {"model_config": self.config, "model": self.state_dict()}
+
+
+class SideBySide(nn.Module):
+    """Modules side by side: each on the whole input (or, with `split`, on its own equal slice of the features),
+    their outputs concatenated."""
+
+    def __init__(self, nets: Sequence[nn.Module], split: bool = False) -> None:
+        super().__init__()
+        self.nets = nn.ModuleList(nets)
+        self.split = split
+        self.out_features = sum(net.out_features for net in nets)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The concatenated outputs, batch x out_features."""
+        parts = x.chunk(len(self.nets), dim=1) if self.split else [x] * len(self.nets)
+        return torch.cat([net(part) for net, part in zip(self.nets, parts)], dim=1)
 
 
 def views_mean(embed, images: Tensor, shifts: Sequence[tuple[int, int]], rotations: Sequence[float] = (),
@@ -150,7 +189,7 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     cfg = dict(config)
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
-    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze"}
+    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze", "members"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; "

@@ -89,6 +89,8 @@ class ModelConfig(Section):
     preprocessing: dict[str, Any] = Field(default_factory=dict)
     # N: the backbone's stem and first N blocks keep their pretrained weights and BatchNorm statistics
     freeze: Annotated[int, _at_least(0)] | None = None
+    # N > 1: an ensemble of N backbones (each with its own head and loss) in one network and one ONNX graph
+    members: Count = 1
 
 
 class EvalConfig(Section):

@@ -207,6 +207,9 @@ def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampl
     """The cross-batch memory the `memory` section asks for (None for size 0), checked against the components."""
     if config.memory.size == 0:
         return None
+    if config.model.members > 1:
+        raise ValueError("memory (a cross-batch memory) keeps one embedding per image: set model.members: 1, "
+                         "or memory.size: 0")
     if miner is not None or weighting is not None or sampler.fixes_pairs:
         raise ValueError("memory (a cross-batch memory) compares with all of its pairs: drop the miner and the "
                          "weighting, use the group sampler, or set memory.size: 0")
@@ -304,7 +307,9 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
     if setup.miner is not None:
         mined = setup.miner(emb.detach(), labels, mined)
     compute = setup.loss if setup.memory is None else setup.memory
-    loss = compute(emb, labels, mined=mined, weighting=setup.weighting, indices=indices)
+    parts = setup.model.member_embeddings(emb)  # an ensemble's members: each its own loss
+    loss = sum(compute(part, labels, mined=mined, weighting=setup.weighting, indices=indices) for part in parts)
+    loss = loss / len(parts)
     setup.optimizer.zero_grad(set_to_none=True)
     setup.scaler.scale(loss).backward()
     setup.scaler.step(setup.optimizer)
