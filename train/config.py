@@ -308,6 +308,9 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     if typed.trunk_cache and typed.model.freeze is None:
         raise ValueError("config key trunk_cache caches the frozen trunk's outputs: set model.freeze too "
                          "(the number of leading backbone blocks to freeze), or trunk_cache: 0")
+    if typed.memory.size and typed.model.members > 1:
+        raise ValueError("memory (a cross-batch memory) keeps one embedding per image: set model.members: 1, "
+                         "or memory.size: 0")
     return typed
 
 

@@ -207,9 +207,6 @@ def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampl
     """The cross-batch memory the `memory` section asks for (None for size 0), checked against the components."""
     if config.memory.size == 0:
         return None
-    if config.model.members > 1:
-        raise ValueError("memory (a cross-batch memory) keeps one embedding per image: set model.members: 1, "
-                         "or memory.size: 0")
     if miner is not None or weighting is not None or sampler.fixes_pairs:
         raise ValueError("memory (a cross-batch memory) compares with all of its pairs: drop the miner and the "
                          "weighting, use the group sampler, or set memory.size: 0")
