@@ -50,6 +50,7 @@ from metricsearch.models import PixelEmbedder
 from metricsearch.models.torch_embedder import load_embedder
 from metricsearch.train.config import load_config
 from metricsearch.train.trainer import train
+from metricsearch.train.whitening import whitened
 from results_files import write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,19 +111,22 @@ def score(x: np.ndarray, test: ImageSet, episodes: int, center: float = 0.0) -> 
                                      center=center) for protocol in ("within_alphabet", "across_alphabets")}
 
 
-def twin_labels(views: dict[str, Any], center: float) -> list[str]:
-    """The labels of a recipe's twin rows: `no TTA` and the other views, then `centred C` with a center."""
-    return [*views, *([f"centred {center:g}"] if center else [])]
+def twin_labels(views: dict[str, Any], center: float, whiten: float = 0.0) -> list[str]:
+    """The labels of a recipe's twin rows: `no TTA` and the other views, then `centred C` with a center and
+    `whitened P` with a whitening power."""
+    return [*views, *([f"centred {center:g}"] if center else []), *([f"whitened {whiten:g}"] if whiten else [])]
 
 
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
         views: dict[str, dict[str, list]] | None = None, reuse: bool = False,
-        center: float = 0.0, ensembles: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+        center: float = 0.0, ensembles: dict[str, list[str]] | None = None,
+        whiten: float = 0.0) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
     entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}; `no TTA` = none): the
     same weights scored with those views; with `center`, every recipe also gets a twin row `centred C` (C =
-    `center`): its own embeddings scored with episodes centred on their support images.
+    `center`): its own embeddings scored with episodes centred on their support images; with `whiten` P, a twin
+    row `whitened P`: the same weights whitened (train/whitening.py, power P) on the fold's training alphabets.
     With `reuse`, a run already finished in `keep` under the same config (test-time views aside) is scored
     with the recipe's views, not trained again. `ensembles` (label -> member recipes) adds a row per label: the
     members' L2-normalised embeddings side by side, over the square root of their number (the mean of their
@@ -144,6 +148,10 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
     twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
                               "what": f"same embeddings, episodes centred by {center:g} x the support mean"}
               for name, row in zip(recipes, trained) for label in centred}
+    white = twin_labels({}, 0.0, whiten)
+    twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
+                              "what": f"same weights, whitened with power {whiten:g} on the training alphabets"}
+              for name, row in zip(recipes, trained) for label in white}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
         # fold by fold: a stopped run still compares recipes on whole folds
@@ -173,6 +181,10 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 for label in centred:
                     twins[name, label]["epochs"] = config["epochs"]
                     twins[name, label]["errors"][fold] = score(x, split.test, episodes, center)
+                for label in white:
+                    twins[name, label]["epochs"] = config["epochs"]
+                    white_model = whitened(model, split.train, whiten)
+                    twins[name, label]["errors"][fold] = score(white_model.embed_set(split.test), split.test, episodes)
                 for label, spec in views.items() if model.tta_shifts or model.tta_rotations else ():
                     model.set_views(spec["shifts"], spec["rotations"])
                     twins[name, label]["epochs"] = config["epochs"]
@@ -191,7 +203,8 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                        *(t for t in twins.values() if t["errors"])]
             print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
     for name, row in zip(recipes, trained):
-        rows += [row, *(twins[name, label] for label in twin_labels(views, center) if twins[name, label]["errors"])]
+        rows += [row, *(twins[name, label] for label in twin_labels(views, center, whiten)
+                        if twins[name, label]["errors"])]
     return rows + combined
 
 
@@ -292,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--center", type=float, default=0.0, metavar="C",
                         help="also score every recipe with one-shot episodes centred on their support images: C "
                              "times the mean support embedding taken from each embedding (evaluation.oneshot)")
+    parser.add_argument("--whiten", type=float, default=0.0, metavar="P",
+                        help="also score every recipe whitened (model.whiten: P in (0, 1]) on its fold's training "
+                             "alphabets, the same weights (train/whitening.py)")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
     parser.add_argument("--reuse", action="store_true",
                         help="score runs already finished in --keep under the same config instead of training "
@@ -354,12 +370,14 @@ def main(argv: list[str] | None = None) -> int:
         check_center(args.center)
     except ValueError as e:
         parser.error(f"--center: {e}")
+    if not 0 <= args.whiten <= 1:
+        parser.error(f"--whiten: give a power in (0, 1], got {args.whiten:g}")
     rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views,
-               args.reuse, args.center, ensembles)
+               args.reuse, args.center, ensembles, args.whiten)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
     if args.seeds > 1 and args.ref in seeds:
-        labels = ["", *(f", {label}" for label in twin_labels({"no TTA": {}, **views}, args.center))]
+        labels = ["", *(f", {label}" for label in twin_labels({"no TTA": {}, **views}, args.center, args.whiten))]
         text += "\n\n" + seed_table([*earlier, *summary], {f"{name}{label}": [f"{m}{label}" for m in members]
                                                for name, members in seeds.items() for label in labels}, args.ref)
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"

@@ -239,3 +239,10 @@ def with_transformed_classes(images: ImageSet, transforms: Sequence[str] = ()) -
         transforms=np.repeat(np.array(names, dtype=object), n),
         **meta,
     )
+
+
+def original_images(images: ImageSet) -> ImageSet:
+    """The set without the transformed copies that `with_transformed_classes` added (the set itself if none)."""
+    if not isinstance(images, TransformedImageSet) or images.transforms is None:
+        return images
+    return images.subset(np.flatnonzero(images.transforms == ""))

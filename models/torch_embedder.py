@@ -25,7 +25,7 @@ class Embedder(ArrayEmbedder, nn.Module):
         self, backbone: str = "small_cnn", dim: int | None = 128, normalize: bool = True,
         preprocessing: Preprocessing | dict[str, Any] | None = None, pretrained: str | bool | None = None,
         backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None, freeze: int | None = None,
-        tta_rotations: list | None = None, members: int = 1,
+        tta_rotations: list | None = None, members: int = 1, whiten: float = 0.0,
     ) -> None:
         """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
         the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one).
@@ -33,12 +33,17 @@ class Embedder(ArrayEmbedder, nn.Module):
         of the backbone keeps its statistics (in eval mode even while the model trains).
         `members` N > 1: an ensemble in one network, N backbones with their own heads side by side on the same
         images; the embedding is the members' (L2-normalised) embeddings concatenated, over sqrt(N) (cosine
-        similarity: the mean of theirs), and each member trains on its own part (`member_embeddings`)."""
+        similarity: the mean of theirs), and each member trains on its own part (`member_embeddings`).
+        `whiten` P in (0, 1]: in eval mode the embedding is multiplied by a dim x dim matrix, the within-class
+        scatter of the training images' embeddings raised to -P (`set_whitening`; the identity until the trainer
+        fits it), then L2-normalised again; 0: none."""
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
             raise ValueError(f"model.dim must be an integer >= 1 (or null: the backbone's features), got {dim!r}")
         if isinstance(members, bool) or not isinstance(members, int) or members < 1:
             raise ValueError(f"model.members must be an integer >= 1, got {members!r}")
+        if isinstance(whiten, bool) or not isinstance(whiten, (int, float)) or not 0 <= whiten <= 1:
+            raise ValueError(f"model.whiten must be a number in [0, 1] (0: no whitening), got {whiten!r}")
         if members > 1 and freeze is not None:
             raise ValueError("model.freeze splits one backbone: set model.members: 1, or drop model.freeze")
         if not isinstance(preprocessing, Preprocessing):
@@ -58,6 +63,10 @@ class Embedder(ArrayEmbedder, nn.Module):
         if members > 1:
             self.config["members"] = members
         self.normalize = normalize
+        self.whiten = float(whiten)
+        if whiten:
+            self.config["whiten"] = self.whiten
+            self.register_buffer("whitening", torch.eye(self.dim))
         self.set_views(tta_shifts or [], tta_rotations or [])
         self.trunk: Trunk | None = None
         if freeze is not None:
@@ -91,10 +100,26 @@ class Embedder(ArrayEmbedder, nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         """Embeddings for a batch of preprocessed images; in eval mode with `tta_shifts` or `tta_rotations`, the
-        mean of the embeddings of the shifted and rotated views (test-time augmentation, part of the exported graph)."""
-        if (self.tta_shifts or self.tta_rotations) and not self.training:
-            return views_mean(self._embed, images, self.tta_shifts, self.tta_rotations, self.normalize)
-        return self._embed(images)
+        mean of the embeddings of the shifted and rotated views (test-time augmentation, part of the exported graph),
+        then whitened where the model has `whiten`."""
+        if self.training:
+            return self._embed(images)
+        if self.tta_shifts or self.tta_rotations:
+            out = views_mean(self._embed, images, self.tta_shifts, self.tta_rotations, self.normalize)
+        else:
+            out = self._embed(images)
+        if not self.whiten:
+            return out
+        out = out @ self.whitening.to(out.dtype)
+        return F.normalize(out, dim=1) if self.normalize else out
+
+    def set_whitening(self, matrix: Tensor) -> None:
+        """The dim x dim matrix that eval-mode embeddings are multiplied by (a model built with `whiten`)."""
+        if not self.whiten:
+            raise ValueError("set_whitening needs a model built with whiten > 0 (model.whiten)")
+        if matrix.shape != self.whitening.shape:
+            raise ValueError(f"the whitening matrix must be {tuple(self.whitening.shape)}, got {tuple(matrix.shape)}")
+        self.whitening.copy_(matrix)
 
     def _embed(self, images: Tensor) -> Tensor:
         return self._finish(self.backbone(images))
@@ -189,7 +214,8 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     cfg = dict(config)
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
-    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze", "members"}
+    known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze", "members",
+             "whiten"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; "

@@ -91,6 +91,8 @@ class ModelConfig(Section):
     freeze: Annotated[int, _at_least(0)] | None = None
     # N > 1: an ensemble of N backbones (each with its own head and loss) in one network and one ONNX graph
     members: Count = 1
+    # P in (0, 1]: after training, the embedding is whitened by the training images' within-class scatter ** -P
+    whiten: Annotated[float, Field(ge=0.0, le=1.0, strict=True)] = 0.0
 
 
 class EvalConfig(Section):

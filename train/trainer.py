@@ -18,7 +18,7 @@ import yaml
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from metricsearch.data import DataSplit, ImageSet, load_split, with_transformed_classes
+from metricsearch.data import DataSplit, ImageSet, load_split, original_images, with_transformed_classes
 from metricsearch.errors import MetricsearchError
 from metricsearch.evaluation import evaluate_split
 from metricsearch.models.torch_embedder import Embedder, build_embedder
@@ -40,6 +40,7 @@ from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
 from metricsearch.train.trunk_cache import TrunkCache, build_trunk_cache
+from metricsearch.train.whitening import fit_whitening
 
 #: a test hook: set to N, training says "paused before step N" on stderr and waits for a signal (e.g. Ctrl-C) there
 PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
@@ -145,7 +146,10 @@ def _train(
                 state.history.append(row)
                 continue
             held_out = len(setup.split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
-            if held_out and ((epoch + 1) % settings.eval.every == 0 or epoch + 1 == epochs):
+            evaluated = held_out and ((epoch + 1) % settings.eval.every == 0 or epoch + 1 == epochs)
+            if settings.model.whiten and (evaluated or epoch + 1 == epochs):
+                fit_whitening(setup.model, original_images(setup.split.train))
+            if evaluated:
                 row.update(_evaluate(setup.model, setup.split, settings))
                 if board is not None:
                     board.evaluation(epoch + 1, setup.model, setup.split.test, setup.loss, settings.seed)

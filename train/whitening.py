@@ -1,0 +1,43 @@
+"""Within-class whitening of a trained embedding (`model.whiten`): fit on the training images, applied in eval mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from metricsearch.data import ImageSet
+from metricsearch.models.torch_embedder import Embedder, build_embedder
+
+
+def whitening_matrix(embeddings: np.ndarray, labels: np.ndarray, power: float) -> np.ndarray:
+    """The within-class scatter of the L2-normalised embeddings (each minus its class mean) raised to -`power`."""
+    x = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    classes, index = np.unique(labels, return_inverse=True)
+    sums = np.zeros((len(classes), x.shape[1]))
+    np.add.at(sums, index, x)
+    residuals = x - (sums / np.bincount(index)[:, None])[index]
+    scatter = residuals.T @ residuals / len(x)
+    values, vectors = np.linalg.eigh(scatter)
+    values = np.maximum(values, values.max() * 1e-6)  # a direction no image varies in is not blown up
+    return (vectors * values ** -power) @ vectors.T
+
+
+def fit_whitening(model: Embedder, images: ImageSet, batch_size: int = 64) -> np.ndarray:
+    """Fit the whitening of a model built with `whiten` on these images and their classes; the matrix set.
+    `batch_size` images (each with its test views) are embedded at once: 64 keeps the memory of a training batch."""
+    if not model.whiten:
+        raise ValueError("fit_whitening needs a model built with whiten > 0 (model.whiten)")
+    model.set_whitening(torch.eye(model.dim))
+    matrix = whitening_matrix(model.embed_set(images, batch_size=batch_size), np.asarray(images.labels), model.whiten)
+    model.set_whitening(torch.from_numpy(matrix).float())
+    return matrix
+
+
+def whitened(model: Embedder, images: ImageSet, power: float, batch_size: int = 64) -> Embedder:
+    """A copy of `model` (in eval mode) with `whiten` = `power`, fit on these images and their classes."""
+    copy = build_embedder({**model.config, "whiten": power})
+    missing, unexpected = copy.load_state_dict(model.state_dict(), strict=False)
+    if set(missing) - {"whitening"} or unexpected:
+        raise ValueError(f"the model's weights do not fit its config: missing {missing}, unexpected {unexpected}")
+    fit_whitening(copy.to(next(model.parameters()).device).eval(), images, batch_size)
+    return copy
