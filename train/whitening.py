@@ -10,8 +10,8 @@ from metricsearch.models.torch_embedder import Embedder, build_embedder
 
 
 def whitening_matrix(embeddings: np.ndarray, labels: np.ndarray, power: float) -> np.ndarray:
-    """The within-class scatter of the L2-normalised embeddings (each minus its class mean) raised to -`power`."""
-    x = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    """The within-class scatter of the embeddings (each minus its class mean) raised to -`power`."""
+    x = np.asarray(embeddings, dtype=np.float64)
     classes, index = np.unique(labels, return_inverse=True)
     sums = np.zeros((len(classes), x.shape[1]))
     np.add.at(sums, index, x)
