@@ -18,15 +18,14 @@ from test_pipeline import quick_config
 
 
 def ref_ms_against(emb: Tensor, labels: list[int], refs: Tensor, ref_labels: list[int], mining: bool,
-                   a: float = 2.0, b: float = 50.0, base: float = 0.5, ref_negatives: bool = True) -> Tensor:
-    """MS eq. 15 for the batch's anchors over [batch; refs] (each anchor's pair with itself left out; the refs
-    only as positives without `ref_negatives`), by loops."""
+                   a: float = 2.0, b: float = 50.0, base: float = 0.5) -> Tensor:
+    """MS eq. 15 for the batch's anchors over [batch; refs] (each anchor's pair with itself left out), by loops."""
     s = cosine(torch.cat([emb, refs]))
     y = labels + ref_labels
     total = s.new_zeros(())
     for i in range(len(labels)):
         pos = [k for k in range(len(y)) if k != i and y[k] == y[i]]
-        neg = [k for k in range(len(y) if ref_negatives else len(labels)) if y[k] != y[i]]
+        neg = [k for k in range(len(y)) if y[k] != y[i]]
         if mining:
             d = s.detach()
             min_pos = min((float(d[i, k]) for k in pos), default=math.inf)
@@ -100,26 +99,19 @@ def test_memory_waits_for_its_start_step_but_fills_from_the_first() -> None:
 
 
 def test_training_with_memory_resumes_exactly_and_keeps_the_bank(tmp_path) -> None:
-    a, _ = full_and_paused(tmp_path, ["loss={name: ms}", "memory={size: 64, start_epoch: 1}"])
-    assert int(a["memory"]["filled"]) == 64 and int(a["memory"]["steps"]) == 9
-
-
-def full_and_paused(tmp_path, settings: list[str]) -> tuple[dict, dict]:
-    """Checkpoints of a 3-epoch run with these settings and of its twin paused after epoch 2; checks that the twin,
-    resumed, ends with the same model and memory, and that training without the settings ends elsewhere."""
+    settings = ["loss={name: ms}", "memory={size: 64, start_epoch: 1}"]
     full = train(quick_config(tmp_path, "name=full", "epochs=3", *settings), progress=False)
-    paused = train(quick_config(tmp_path, "name=split", "epochs=3", *settings), progress=False, stop_after_epoch=2)
-    after_two = torch.load(paused.run_dir / "last.pt", weights_only=False)
+    train(quick_config(tmp_path, "name=split", "epochs=3", *settings), progress=False, stop_after_epoch=2)
     resumed = train(quick_config(tmp_path, "name=split", "epochs=3", *settings), resume=True, progress=False)
     a = torch.load(full.run_dir / "last.pt", weights_only=False)
     b = torch.load(resumed.run_dir / "last.pt", weights_only=False)
     for key, value in [*a["model"].items(), *a["memory"].items()]:
         assert torch.equal(value, {**b["model"], **b["memory"]}[key]), key
+    assert int(a["memory"]["filled"]) == 64 and int(a["memory"]["steps"]) == 9
     plain = torch.load(train(quick_config(tmp_path, "name=plain", "epochs=3", "loss={name: ms}"),
                              progress=False).run_dir / "last.pt", weights_only=False)
     assert "memory" not in plain
-    assert not torch.equal(plain["model"]["head.weight"], a["model"]["head.weight"])  # the settings changed training
-    return a, after_two
+    assert not torch.equal(plain["model"]["head.weight"], a["model"]["head.weight"])  # the bank changed training
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -128,16 +120,10 @@ def full_and_paused(tmp_path, settings: list[str]) -> tuple[dict, dict]:
     (["memory.sizes=32"], "sizes"),
 ])
 def test_bad_memory_configs_exit_2_with_one_line(tmp_path, capsys, overrides, message) -> None:
-    assert message in training_error(tmp_path, capsys, overrides)
-
-
-def training_error(tmp_path, capsys, overrides: list[str]) -> str:
-    """The one line `metricsearch train` with these overrides writes to stderr, having exited 2."""
     args = ["train", "--output-dir", str(tmp_path), "--set", "epochs=1", "batches_per_epoch=1", *overrides]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
+    assert len(err) == 1 and message in err[0], err
 
 
 def test_a_run_saved_before_the_memory_section_existed_still_resumes(tmp_path) -> None:

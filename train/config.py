@@ -112,14 +112,6 @@ class MemoryConfig(Section):
     start_epoch: Annotated[int, _at_least(0)] = 1  # the bank counts from this epoch on (0: from the first step)
 
 
-class ProxiesConfig(Section):
-    """The `proxies` section: one learned proxy per training class as extra references of the loss."""
-
-    per_class: Literal[0, 1] = 0  # 1: each class has a proxy, a positive of its images and a negative of the rest
-    lr_factor: Annotated[float, Field(gt=0)] = 10.0  # the proxies' learning rate: the optimizer's lr times this
-    negatives: bool = True  # false: a proxy is only a positive of its class's images (it pulls, never pushes)
-
-
 class LoggingConfig(Section):
     """The `logging` section: where a run's numbers go besides metrics.jsonl."""
 
@@ -160,7 +152,6 @@ class TrainConfig(Section):
     # computed once, before the first epoch; every step then runs only the trainable rest on one of them
     trunk_cache: Annotated[int, _at_least(0)] = 0
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
-    proxies: ProxiesConfig = Field(default_factory=ProxiesConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: Count = 50
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -322,9 +313,6 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     if typed.memory.size and typed.model.members > 1:
         raise ValueError("memory (a cross-batch memory) keeps one embedding per image: set model.members: 1, "
                          "or memory.size: 0")
-    if typed.proxies.per_class and (typed.memory.size or typed.model.members > 1):
-        raise ValueError("proxies (class proxies) take the place of a cross-batch memory and need one embedding "
-                         "per image: set memory.size: 0 and model.members: 1, or proxies.per_class: 0")
     return typed
 
 

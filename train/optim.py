@@ -31,13 +31,9 @@ def sgd(
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
 
 
-def build_optimizer(
-    section: dict[str, Any], model: Embedder, loss: nn.Module, references: nn.Module | None = None,
-    references_factor: float = 1.0,
-) -> torch.optim.Optimizer:
-    """The optimizer of an `optimizer` section: backbone at `lr` (its frozen trunk left out), head at `head_lr`, the
-    loss's parameters, then those of the loss's `references` (class proxies) at `references_factor` x `lr`,
-    without weight decay."""
+def build_optimizer(section: dict[str, Any], model: Embedder, loss: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of an `optimizer` section: backbone at `lr` (its frozen trunk left out), head at `head_lr`, then
+    the loss's parameters."""
     params = dict(section)
     name = params.pop("name")
     lr = float(params.pop("lr"))
@@ -48,9 +44,6 @@ def build_optimizer(
         groups += loss.param_groups(lr)
     elif any(p.requires_grad for p in loss.parameters()):
         groups.append({"params": list(loss.parameters()), "lr": lr})
-    own = [p for name, p in references.named_parameters() if not name.startswith("loss.")] if references else []
-    if own:
-        groups.append({"params": own, "lr": lr * references_factor, "weight_decay": 0.0})
     return OPTIMIZERS.build(name, None, params=groups, lr=lr, **params)
 
 

@@ -36,7 +36,6 @@ from metricsearch.train.heap import keep_heap, kept_heap
 from metricsearch.train.losses.base import MetricLoss, Mined, Weighting
 from metricsearch.train.memory import CrossBatchMemory
 from metricsearch.train.optim import build_optimizer, build_schedule
-from metricsearch.train.proxies import ClassProxies
 from metricsearch.train.plots import plot_training
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.compat import check_compatible
@@ -94,8 +93,7 @@ class Setup:
     scaler: torch.amp.GradScaler
     dataset: ImageDataset
     trunk_cache: TrunkCache | None = None  # config trunk_cache: the steps train on cached trunk outputs
-    # the loss also compares with earlier batches (config memory.size > 0) or with class proxies (proxies)
-    memory: CrossBatchMemory | ClassProxies | None = None
+    memory: CrossBatchMemory | None = None  # config memory.size > 0: the loss also compares with earlier batches
     layout: torch.memory_format = torch.contiguous_format  # of the model's weights and the batches (memory_format)
     batch_augment: BatchAugment | None = None  # what each step applies to its batch on the device (batch_affine)
 
@@ -182,14 +180,14 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     seed_everything(config.seed)
     model = build_embedder(config.model.model_dump(mode="json"), pretrained=config.model.pretrained)
     loss, sampler, miner, weighting = build_components(config, split.train, dist)
-    memory = build_memory(config, loss, sampler, miner, weighting, model.dim, list(split.train.labels))
+    memory = build_memory(config, loss, sampler, miner, weighting, model.dim)
     model.to(device)
     loss.to(device)
     if memory is not None:
         memory.to(device)
     layout = memory_format(device, config.channels_last)
     model.to(memory_format=layout)
-    optimizer = build_optimizer(config.optimizer, model, loss, memory, config.proxies.lr_factor)
+    optimizer = build_optimizer(config.optimizer, model, loss)
     scheduler = build_schedule(config.schedule, optimizer, len(sampler), config.epochs)
     scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
     pre = model.preprocessing
@@ -209,18 +207,13 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
 
 
 def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
-                 miner: Callable[..., Mined] | None, weighting: Weighting | None, dim: int,
-                 labels: list[int]) -> CrossBatchMemory | ClassProxies | None:
-    """The loss's references beyond the batch: the cross-batch memory of the `memory` section or the class proxies
-    of `proxies` (of these training labels); None for neither. Checked against the components."""
-    if config.memory.size == 0 and not config.proxies.per_class:
+                 miner: Callable[..., Mined] | None, weighting: Weighting | None, dim: int) -> CrossBatchMemory | None:
+    """The cross-batch memory the `memory` section asks for (None for size 0), checked against the components."""
+    if config.memory.size == 0:
         return None
-    what = "memory (a cross-batch memory)" if config.memory.size else "proxies (class proxies)"
     if miner is not None or weighting is not None or sampler.fixes_pairs:
-        raise ValueError(f"{what} compares with all of its pairs: drop the miner and the weighting, use the group "
-                         "sampler, or set memory.size: 0 and proxies.per_class: 0")
-    if config.proxies.per_class:
-        return ClassProxies(loss, labels, dim, config.proxies.negatives)
+        raise ValueError("memory (a cross-batch memory) compares with all of its pairs: drop the miner and the "
+                         "weighting, use the group sampler, or set memory.size: 0")
     return CrossBatchMemory(loss, config.memory.size, dim, start_step=config.memory.start_epoch * len(sampler))
 
 

@@ -183,11 +183,9 @@ class MetricLoss(nn.Module):
         """The loss from S (or its block) and the mined pairs; every loss but the pair losses implements this."""
         raise NotImplementedError
 
-    def loss_against(self, embeddings: Tensor, labels: Tensor, refs: Tensor, ref_labels: Tensor,
-                     ref_negatives: bool = True) -> Tensor:
-        """The loss of the batch's anchors against the batch and extra references (a cross-batch memory; with
-        `ref_negatives` False, the references count only as positives); only losses whose terms are per-anchor
-        sums over references implement it."""
+    def loss_against(self, embeddings: Tensor, labels: Tensor, refs: Tensor, ref_labels: Tensor) -> Tensor:
+        """The loss of the batch's anchors against the batch and extra references (a cross-batch memory);
+        only losses whose terms are per-anchor sums over references implement it."""
         raise NotImplementedError(f"{type(self).__name__} does not take references beyond the batch")
 
     def extra_loss(self, embeddings: Tensor) -> Tensor | None:

@@ -68,15 +68,10 @@ class MultiSimilarityLoss(MetricLoss):
     def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         return self.anchor_mean(sim, *pair_masks(labels, mined))
 
-    def loss_against(self, embeddings: Tensor, labels: Tensor, refs: Tensor, ref_labels: Tensor,
-                     ref_negatives: bool = True) -> Tensor:
-        """Eq. 15 with each anchor's pairs taken among the batch and `refs` (a cross-batch memory; only its
-        positives without `ref_negatives`)."""
+    def loss_against(self, embeddings: Tensor, labels: Tensor, refs: Tensor, ref_labels: Tensor) -> Tensor:
+        """Eq. 15 with each anchor's pairs taken among the batch and `refs` (a cross-batch memory)."""
         sim = self.similarity(embeddings, torch.cat([embeddings, refs.to(embeddings.dtype)]))
-        pos, neg = reference_masks(labels, ref_labels)
-        if not ref_negatives:
-            neg[:, len(labels):] = False
-        return self.anchor_mean(sim, pos, neg)
+        return self.anchor_mean(sim, *reference_masks(labels, ref_labels))
 
     def anchor_mean(self, sim: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
         """Eq. 15 over the rows (anchors) of `sim`, MS-mined among `pos` / `neg` when mining is on."""
