@@ -6,10 +6,11 @@ import copy
 import difflib
 import inspect
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterable, Literal
+from typing import Annotated, Any, Callable, Iterable, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
+                      field_validator)
 
 from metricsearch.models.backbones import BACKBONES, parse_backbone
 from metricsearch.models.device import check_device
@@ -59,6 +60,21 @@ class Section(BaseModel):
     """A config section: unknown keys are errors; numbers given for a text value become text (run names)."""
 
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_stray_bool(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's true and false only where a key takes them (pydantic would read true as the number 1)."""
+        field = cls.model_fields[info.field_name]
+        if isinstance(value, bool) and not any(isinstance(m, BeforeValidator) for m in field.metadata) \
+                and not _takes_bool(field.annotation):
+            raise ValueError("must not be true or false")
+        return value
+
+
+def _takes_bool(kind: Any) -> bool:
+    """Whether a type admits a boolean: it is bool or Any, or one of its parts is (or is a literal true/false)."""
+    return kind is bool or kind is Any or isinstance(kind, bool) or any(_takes_bool(part) for part in get_args(kind))
 
 
 class PreprocessingKeys(Section):
