@@ -124,18 +124,3 @@ def test_a_training_step_applies_the_batch_augmentation_and_nothing_else() -> No
     identity = step_loss("{name: batch_affine, degrees: 0, translate: [0, 0], scale: [1, 1], shear: 0}")
     warped = step_loss("{name: batch_affine, degrees: 20, translate: [0.2, 0.2]}")
     assert identity == pytest.approx(plain, abs=1e-5) and abs(warped - plain) > 1e-3
-
-
-def test_erasing_sets_one_rectangle_per_chosen_image_to_the_fill() -> None:
-    images = torch.randn(64, 1, 28, 28)
-    torch.manual_seed(0)
-    warped = BatchAffine([0.5], [0.5], **IDENTITY, fill=255)(images)
-    torch.manual_seed(0)  # the same maps, then the rectangles
-    erased = BatchAffine([0.5], [0.5], **IDENTITY, fill=255, erase=0.5, erase_area=[0.05, 0.2])(images)
-    changed = (erased != warped).flatten(1)
-    chosen = changed.any(1)
-    assert 10 < int(chosen.sum()) < 54  # about half
-    assert torch.all(erased.flatten(1)[changed] == 1.0)  # 255 in normalised units
-    rows, cols = changed.view(64, 28, 28).any(2), changed.view(64, 28, 28).any(1)
-    box = rows.sum(1) * cols.sum(1)  # the bounding box of what changed: a rectangle holds nothing else
-    assert torch.equal(box[chosen], changed.sum(1)[chosen]) and torch.all(box[chosen] <= 0.3 * 784)

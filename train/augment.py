@@ -74,12 +74,11 @@ class BatchAffine(BatchAugment):
     The parameters are drawn as torchvision's RandomAffine draws them (rotation, shear along x and scale uniform,
     translations whole pixels), one set per image, and the warp is torchvision's tensor affine (bilinear, the
     image's centre fixed); the uncovered border is blended with `fill` (0-255, as the image's pixels), which the
-    preprocessing's `mean` and `std` carry into normalised units. With probability `erase` an image then has a
-    random rectangle (a fraction of its area drawn from `erase_area`, aspect ratio 0.3-3.3) set to `fill`."""
+    preprocessing's `mean` and `std` carry into normalised units."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], degrees: float = 10,
                  translate: Sequence[float] = (0.1, 0.1), scale: Sequence[float] = (0.9, 1.1), shear: float = 0,
-                 fill: float = 0, erase: float = 0.0, erase_area: Sequence[float] = (0.02, 0.1)) -> None:
+                 fill: float = 0) -> None:
         if degrees < 0 or shear < 0:
             raise ValueError(f"batch_affine: degrees and shear must be 0 or more, got {degrees} and {shear}")
         if len(translate) != 2 or not all(0 <= t <= 1 for t in translate):
@@ -88,10 +87,6 @@ class BatchAffine(BatchAugment):
             raise ValueError(f"batch_affine: scale must be [low, high] with 0 < low <= high, got {list(scale)}")
         if len(mean) != len(std):
             raise ValueError(f"batch_affine: mean and std must have one value per channel, got {mean} and {std}")
-        if not 0 <= erase <= 1 or len(erase_area) != 2 or not 0 < erase_area[0] <= erase_area[1] <= 1:
-            raise ValueError(f"batch_affine: erase must be in [0, 1] and erase_area [low, high] in (0, 1], got "
-                             f"{erase} and {list(erase_area)}")
-        self.erase, self.erase_area = float(erase), (float(erase_area[0]), float(erase_area[1]))
         self.degrees, self.shear = float(degrees), float(shear)
         self.translate, self.scale = (float(translate[0]), float(translate[1])), (float(scale[0]), float(scale[1]))
         self.fill = [(fill / 255 - m) / s for m, s in zip(mean, std)]
@@ -105,25 +100,7 @@ class BatchAffine(BatchAugment):
         draw[2].uniform_(-self.translate[1] * h, self.translate[1] * h)
         draw[3].uniform_(*self.scale)
         draw[4].uniform_(-self.shear, self.shear)
-        warped = affine_batch(images, draw[0], draw[1:3].T.round(), draw[3], draw[4], self.fill)
-        return erase_batch(warped, self.erase, self.erase_area, self.fill) if self.erase > 0 else warped
-
-
-def erase_batch(images: Tensor, p: float, area: tuple[float, float], fill: Sequence[float]) -> Tensor:
-    """Images (B, C, H, W), each with probability `p` a random rectangle (`area` fraction range) set to `fill`."""
-    b, _, h, w = images.shape
-    draw = torch.rand(5, b, device=images.device)
-    frac = area[0] + (area[1] - area[0]) * draw[0]
-    aspect = torch.exp(np.log(0.3) + (np.log(10 / 3) - np.log(0.3)) * draw[1])
-    eh = (frac * h * w * aspect).sqrt().clamp(1, h)
-    ew = (frac * h * w / aspect).sqrt().clamp(1, w)
-    top, left = draw[2] * (h - eh), draw[3] * (w - ew)
-    ys = torch.arange(h, device=images.device).view(1, h, 1)
-    xs = torch.arange(w, device=images.device).view(1, 1, w)
-    inside = ((ys >= top.view(-1, 1, 1)) & (ys < (top + eh).view(-1, 1, 1)) & (xs >= left.view(-1, 1, 1))
-              & (xs < (left + ew).view(-1, 1, 1)) & (draw[4] < p).view(-1, 1, 1))
-    value = torch.tensor(list(fill), dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
-    return torch.where(inside[:, None], value, images)
+        return affine_batch(images, draw[0], draw[1:3].T.round(), draw[3], draw[4], self.fill)
 
 
 def affine_batch(images: Tensor, angle: Tensor, translate: Tensor, scale: Tensor, shear: Tensor,
