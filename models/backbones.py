@@ -16,12 +16,10 @@ IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 
 class SmallCNN(nn.Module):
-    """Four conv-BN-ReLU-pool blocks then global pooling (`pool`: avg, max or gem); trains in minutes on a CPU."""
+    """Four conv-BN-ReLU-pool blocks then global average pooling; trains in minutes on a CPU."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg") -> None:
+    def __init__(self, in_channels: int = 1, width: int = 64) -> None:
         super().__init__()
-        if pool not in ("avg", "max", "gem"):
-            raise ValueError(f"small_cnn pool must be avg, max or gem, got {pool!r}")
         chans = [in_channels, width, width * 2, width * 2, width * 4]
         blocks = []
         for cin, cout in zip(chans[:-1], chans[1:]):
@@ -29,19 +27,10 @@ class SmallCNN(nn.Module):
                        nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True)]
         self.features = nn.Sequential(*blocks)
         self.out_features = chans[-1]
-        self.pool = pool
-        if pool == "gem":  # generalised mean, its power learned (Radenovic et al.), from 3
-            self.gem_power = nn.Parameter(torch.tensor(3.0))
 
     def forward(self, x: Tensor) -> Tensor:
         """Feature vectors, batch x out_features."""
-        x = self.features(x)
-        if self.pool == "max":
-            return x.amax(dim=(2, 3))
-        if self.pool == "gem":
-            p = self.gem_power.clamp(min=1.0)
-            return x.float().clamp(min=1e-6).pow(p).mean(dim=(2, 3)).pow(1.0 / p)
-        return x.mean(dim=(2, 3))
+        return self.features(x).mean(dim=(2, 3))
 
 
 class ResidualBlock(nn.Module):
@@ -96,11 +85,11 @@ class PretrainedBackbone(nn.Module):
 
 
 @BACKBONES.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 64, pool: str = "avg", pretrained: str | None = None) -> nn.Module:
+def small_cnn(in_channels: int = 1, width: int = 64, pretrained: str | None = None) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    return _load_file(SmallCNN(in_channels, width, pool), pretrained)
+    return _load_file(SmallCNN(in_channels, width), pretrained)
 
 
 @BACKBONES.register("small_resnet")

@@ -222,18 +222,3 @@ def test_checkpoint_round_trip(tmp_path) -> None:
     with pytest.raises(ValueError, match="not a metricsearch checkpoint"):
         torch.save({"weights": 1}, tmp_path / "other.pt")
         load_embedder(tmp_path / "other.pt")
-
-
-def test_small_cnn_pools_its_last_map_by_mean_max_or_gem() -> None:
-    torch.manual_seed(0)
-    x = torch.rand(3, 1, 28, 28)
-    nets = {pool: BACKBONES.build("small_cnn", None, in_channels=1, width=8, pool=pool).eval()
-            for pool in ("avg", "max", "gem")}
-    nets["max"].load_state_dict(nets["avg"].state_dict())
-    nets["gem"].load_state_dict({**nets["avg"].state_dict(), "gem_power": torch.tensor(1.0)})
-    cells = nets["avg"].features(x)
-    assert torch.allclose(nets["avg"](x), cells.mean(dim=(2, 3)))
-    assert torch.allclose(nets["max"](x), cells.amax(dim=(2, 3)))
-    assert torch.allclose(nets["gem"](x), cells.clamp(min=1e-6).mean(dim=(2, 3)), atol=1e-6)  # power 1: the mean
-    with pytest.raises(ValueError, match="pool must be avg, max or gem"):
-        BACKBONES.build("small_cnn", None, in_channels=1, pool="sum")
