@@ -415,3 +415,46 @@ def test_cli_rejects_a_bad_center_in_one_line(omniglot_dir, capsys, extra, messa
     assert main(["evaluate", "--model", "pixels", "--dataset", f"omniglot:{omniglot_dir}", "--no-nmi", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_composite_classes_join_halves_of_two_characters_of_a_group_per_drawer() -> None:
+    from metricsearch.data import original_images, with_composite_classes
+    from metricsearch.data.composite import _joined
+
+    rng = np.random.default_rng(0)
+    for cut in ("tb", "lr"):  # a pixel by pixel reference: a shifted so that the ink-box centres meet
+        a, b = np.full((12, 10), 255, np.uint8), np.full((12, 10), 255, np.uint8)
+        a[2:5, 1:4] = rng.integers(0, 100, (3, 3))
+        b[6:9, 4:7] = rng.integers(0, 100, (3, 3))
+        (ra, ca), (rb, cb) = (3, 2), (7, 5)
+        want = b.copy()
+        for r in range(12):
+            for c in range(10):
+                if (r < rb if cut == "tb" else c < cb):
+                    sr, sc = r - (rb - ra), c - (cb - ca)
+                    want[r, c] = a[sr, sc] if 0 <= sr < 12 and 0 <= sc < 10 else 255
+        assert np.array_equal(_joined(a, b, cut), want)
+    labels, groups, sources = alphabet_set((5, 4), drawers=3)
+    items = [np.full((8, 8), 255, np.uint8) for _ in labels]
+    for i, label in enumerate(labels):
+        items[i][label % 8, : 1 + label // 8] = 0
+    base = ImageSet(items, labels, [f"{g}/c{k:02d}" for k, g in
+                                    sorted({(int(k), g) for k, g in zip(labels, groups)})], "L", groups, sources)
+    both = with_composite_classes(base, 1.0, seed=3)
+    new = [k for k, name in enumerate(both.class_names) if "+" in name]
+    assert len(both.class_names) == 18 and len(new) == 9
+    for k in new:
+        idx = np.flatnonzero(both.labels == k)
+        first, second = both.class_names[k].split("|")[0].split("+")
+        assert first != second and first.split("/")[0] == second.split("/")[0] == both.groups[idx[0]]
+        assert set(both.groups[idx]) == {both.groups[idx[0]]} and len(set(both.sources[idx])) == len(idx) >= 2
+        cut = both.class_names[k].split("|")[1].split("#")[0]
+        for i in idx:  # drawer by drawer: this drawer's drawings of the two characters
+            ia, ib = (next(j for j in range(len(base)) if base.class_names[base.labels[j]] == name
+                           and base.sources[j] == both.sources[i]) for name in (first, second))
+            assert np.array_equal(np.asarray(both.load(i)), _joined(items[ia], items[ib], cut))
+    kept = original_images(with_transformed_classes(both, ["rot90"]))
+    assert len(kept) == len(base) and sorted(kept.class_names[k] for k in set(kept.labels)) == base.class_names
+    assert with_composite_classes(base, 0) is base
+    with pytest.raises(ValueError, match="groups"):
+        with_composite_classes(ImageSet(items, labels, base.class_names, "L"), 1.0)
