@@ -10,13 +10,12 @@ from pathlib import Path
 from . import cars196, csvlist, cub200, digits, files, folder, grocery, inshop, omniglot, sop
 from .base import (SPLIT_MODES, DataSplit, ImageSet, concat_sets, original_images, relabel, resplit,
                    with_transformed_classes)
-from .composite import with_composite_classes
 from .download import fetch
 from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
 
 __all__ = ["DEFAULT_MAX_PIXELS", "PARTS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
            "concat_sets", "load_image", "load_image_set", "load_query_gallery", "load_split", "resplit",
-           "original_images", "with_composite_classes", "with_transformed_classes"]
+           "original_images", "with_transformed_classes"]
 
 
 _DESCRIPTIONS: dict[str, str] = {

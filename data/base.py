@@ -65,14 +65,11 @@ def concat_sets(*sets: ImageSet) -> ImageSet:
     names = sorted(set().union(*(s.class_names for s in sets)))
     parts = [relabel(s, names) for s in sets]
     modes = {s.mode for s in sets}
-    meta = {key: np.concatenate([getattr(s, key) for s in parts]) for key in ("groups", "sources")
-            if parts and all(getattr(s, key) is not None for s in parts)}
     return ImageSet(
         items=[item for s in parts for item in s.items],
         labels=np.concatenate([s.labels for s in parts]) if parts else np.zeros(0, np.int64),
         class_names=names,
         mode=modes.pop() if len(modes) == 1 else None,
-        **meta,
     )
 
 
@@ -197,9 +194,6 @@ def resplit(split: DataSplit, mode: str = "test") -> DataSplit:
 
 
 
-#: the mark in the name of a composite class (`A/x+A/y|tb#0`, data/composite.py)
-COMPOSITE_MARK = "+"
-
 #: class transforms: the 7 non-identity symmetries of the square (PIL transposes, exact on pixels)
 CLASS_TRANSFORMS: dict[str, Image.Transpose] = {
     "rot90": Image.Transpose.ROTATE_90, "rot180": Image.Transpose.ROTATE_180, "rot270": Image.Transpose.ROTATE_270,
@@ -248,8 +242,7 @@ def with_transformed_classes(images: ImageSet, transforms: Sequence[str] = ()) -
 
 
 def original_images(images: ImageSet) -> ImageSet:
-    """The set without the classes `with_transformed_classes` and `with_composite_classes` added (itself if none)."""
-    keep = ~np.array([COMPOSITE_MARK in name for name in images.class_names] + [False])[images.labels]
-    if isinstance(images, TransformedImageSet) and images.transforms is not None:
-        keep &= images.transforms == ""
-    return images if keep.all() else images.subset(np.flatnonzero(keep))
+    """The set without the transformed copies that `with_transformed_classes` added (the set itself if none)."""
+    if not isinstance(images, TransformedImageSet) or images.transforms is None:
+        return images
+    return images.subset(np.flatnonzero(images.transforms == ""))

@@ -145,7 +145,6 @@ class TrainConfig(Section):
     split_classes: float | None = None
     split: Literal["test", "swap", "all"] = "test"  # swap: train and test exchanged; all: final fit, no test
     augment_classes: list[str] = Field(default_factory=list)  # e.g. [rot90, rot180]: transformed copies as classes
-    composite_classes: float = Field(0.0, ge=0)  # x the classes: halves of two characters of a group joined, per drawer
     download: bool = False
     model: ModelConfig = Field(default_factory=ModelConfig)
     augment: Component

@@ -18,8 +18,7 @@ import yaml
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from metricsearch.data import (DataSplit, ImageSet, load_split, original_images, with_composite_classes,
-                               with_transformed_classes)
+from metricsearch.data import DataSplit, ImageSet, load_split, original_images, with_transformed_classes
 from metricsearch.errors import MetricsearchError
 from metricsearch.evaluation import evaluate_split
 from metricsearch.models.torch_embedder import Embedder, build_embedder
@@ -174,8 +173,7 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     autocast = amp_dtype(device, config.amp)
     split = load_split(config.dataset, download=config.download, split_classes=config.split_classes,
                        split=config.split)
-    train = with_composite_classes(split.train, config.composite_classes, config.seed)
-    split = replace(split, train=with_transformed_classes(train, config.augment_classes))
+    split = replace(split, train=with_transformed_classes(split.train, config.augment_classes))
     if progress and dist.is_main:
         for note in split.notes:
             print(f"data: {note}", flush=True)
