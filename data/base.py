@@ -61,15 +61,19 @@ def relabel(s: ImageSet, names: Sequence[str]) -> ImageSet:
 
 
 def concat_sets(*sets: ImageSet) -> ImageSet:
-    """One ImageSet of all images of `sets`, in order, labels agreeing by class name."""
+    """One ImageSet of all images of `sets`, in order, labels agreeing by class name; groups and sources kept
+    where every set has them."""
     names = sorted(set().union(*(s.class_names for s in sets)))
     parts = [relabel(s, names) for s in sets]
     modes = {s.mode for s in sets}
+    meta = {key: np.concatenate([getattr(s, key) for s in parts]) for key in ("groups", "sources")
+            if parts and all(getattr(s, key) is not None for s in parts)}
     return ImageSet(
         items=[item for s in parts for item in s.items],
         labels=np.concatenate([s.labels for s in parts]) if parts else np.zeros(0, np.int64),
         class_names=names,
         mode=modes.pop() if len(modes) == 1 else None,
+        **meta,
     )
 
 
@@ -164,16 +168,6 @@ def split_by_class(
 SPLIT_MODES = ("test", "swap", "all")
 
 
-def merged(a: ImageSet, b: ImageSet) -> ImageSet:
-    """One ImageSet of the images of `a` then `b`; classes of the same name become one class."""
-    names = sorted(set(a.class_names) | set(b.class_names))
-    a, b = relabel(a, names), relabel(b, names)
-    meta = {k: np.concatenate([getattr(a, k), getattr(b, k)]) for k in ("groups", "sources")
-            if getattr(a, k) is not None and getattr(b, k) is not None}
-    return ImageSet(items=a.items + b.items, labels=np.concatenate([a.labels, b.labels]), class_names=names,
-                    mode=a.mode if a.mode == b.mode else None, **meta)
-
-
 def resplit(split: DataSplit, mode: str = "test") -> DataSplit:
     """The split as `mode` says: `test` as it is (train classes train, test classes measure), `swap` with
     train and test exchanged (the second fold of a 2-fold cross-validation over classes), `all` for a
@@ -185,7 +179,7 @@ def resplit(split: DataSplit, mode: str = "test") -> DataSplit:
         return replace(split, train=split.test, test=split.train, query=None, gallery=None,
                        notes=[*split.notes, note])
     if mode == "all":
-        train = merged(split.train, split.test)
+        train = concat_sets(split.train, split.test)
         note = (f"final fit: all {len(train.class_names)} classes ({len(train)} images) train, "
                 "none held out, no evaluation")
         return replace(split, train=train, test=train.subset([]), query=None, gallery=None,

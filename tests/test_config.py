@@ -78,9 +78,9 @@ def test_every_section_suggests_the_close_key(override, named):
     ("amp=on", "config key amp must be 'auto', 'off', 'bf16' or 'fp16', got True"),
     ("split=train", "config key split must be 'test', 'swap' or 'all', got 'train'"),
     ("channels_last=maybe", "config key channels_last must be auto, true or false, got 'maybe'"),
-    ("model.preprocessing.ink_fill=true", "model.preprocessing.ink_fill must not be true or false, got True"),
-    ("optimizer.lr=yes", "config key optimizer.lr must not be true or false, got True"),
-    ("seed=false", "config key seed must not be true or false, got False"),
+    ("model.preprocessing.ink_fill=true", "model.preprocessing.ink_fill must not be true or false, got true"),
+    ("optimizer.lr=yes", "config key optimizer.lr must not be true or false, got true"),
+    ("seed=false", "config key seed must not be true or false, got false"),
 ])
 def test_wrong_names_and_values_are_value_errors(override, message):
     with pytest.raises(ValueError, match=re.escape(message)):

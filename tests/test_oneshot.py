@@ -4,6 +4,7 @@ test-time shifted views in the exported graph, the handwriting augmentation, the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from PIL import Image
 
 from metricsearch.app.cli import main
-from metricsearch.data import ImageSet, load_split, resplit, with_transformed_classes
+from metricsearch.data import ImageSet, concat_sets, load_split, resplit, with_transformed_classes
 from metricsearch.evaluation import evaluate, format_metrics, one_shot_accuracy, one_shot_error
 from metricsearch.evaluation.oneshot import (
     across_alphabet_episodes, episode_errors, mean_ci, within_alphabet_episodes,
@@ -177,6 +178,15 @@ def test_rotated_copies_are_new_classes() -> None:
     assert with_transformed_classes(base, []) is base
     with pytest.raises(ValueError, match="rot90"):
         with_transformed_classes(base, ["rot45"])
+
+
+def test_concat_sets_keeps_groups_and_sources_where_every_set_has_them() -> None:
+    base = toy_set()
+    a, b = base.subset([4, 0]), replace(base.subset([3, 5]), class_names=["c1", "c2", "c9"])
+    both = concat_sets(a, b)
+    assert both.class_names == ["c0", "c1", "c2", "c9"] and list(both.labels) == [2, 0, 2, 3]
+    assert list(both.groups) == ["g"] * 4 and list(both.sources) == [str(i % 2) for i in (4, 0, 3, 5)]
+    assert concat_sets(a, replace(b, sources=None)).sources is None
 
 
 def test_swap_and_all_splits() -> None:

@@ -68,13 +68,13 @@ class Section(BaseModel):
         field = cls.model_fields[info.field_name]
         if isinstance(value, bool) and not any(isinstance(m, BeforeValidator) for m in field.metadata) \
                 and not _takes_bool(field.annotation):
-            raise ValueError("must not be true or false")
+            raise ValueError(f"must not be true or false, got {str(value).lower()}")
         return value
 
 
 def _takes_bool(kind: Any) -> bool:
-    """Whether a type admits a boolean: it is bool or Any, or one of its parts is (or is a literal true/false)."""
-    return kind is bool or kind is Any or isinstance(kind, bool) or any(_takes_bool(part) for part in get_args(kind))
+    """Whether a type admits a boolean: it is bool or Any, or one of its parts is."""
+    return kind is bool or kind is Any or any(_takes_bool(part) for part in get_args(kind))
 
 
 class PreprocessingKeys(Section):
