@@ -16,10 +16,9 @@ IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 
 class SmallCNN(nn.Module):
-    """Four conv-BN-ReLU-pool blocks then global average pooling; trains in minutes on a CPU. With `levels` 2
-    the third block's map is average-pooled too and joins the fourth's features."""
+    """Four conv-BN-ReLU-pool blocks then global average pooling; trains in minutes on a CPU."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64, levels: int = 1) -> None:
+    def __init__(self, in_channels: int = 1, width: int = 64) -> None:
         super().__init__()
         chans = [in_channels, width, width * 2, width * 2, width * 4]
         blocks = []
@@ -27,15 +26,11 @@ class SmallCNN(nn.Module):
             blocks += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
                        nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True)]
         self.features = nn.Sequential(*blocks)
-        self.levels = levels
-        self.out_features = sum(chans[len(chans) - levels:])
+        self.out_features = chans[-1]
 
     def forward(self, x: Tensor) -> Tensor:
         """Feature vectors, batch x out_features."""
-        if self.levels == 1:
-            return self.features(x).mean(dim=(2, 3))
-        mid = self.features[:12](x)
-        return torch.cat([mid.mean(dim=(2, 3)), self.features[12:](mid).mean(dim=(2, 3))], dim=1)
+        return self.features(x).mean(dim=(2, 3))
 
 
 class ResidualBlock(nn.Module):
@@ -90,13 +85,11 @@ class PretrainedBackbone(nn.Module):
 
 
 @BACKBONES.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 64, levels: int = 1, pretrained: str | None = None) -> nn.Module:
+def small_cnn(in_channels: int = 1, width: int = 64, pretrained: str | None = None) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    if levels not in (1, 2):
-        raise ValueError(f"small_cnn levels must be 1 or 2, got {levels}")
-    return _load_file(SmallCNN(in_channels, width, levels), pretrained)
+    return _load_file(SmallCNN(in_channels, width), pretrained)
 
 
 @BACKBONES.register("small_resnet")
