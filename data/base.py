@@ -20,6 +20,10 @@ RECALL_K_SOP: tuple[int, ...] = (1, 10, 100, 1000)
 RECALL_K_INSHOP: tuple[int, ...] = (1, 10, 20, 30, 40, 50)
 
 
+#: the optional per-image metadata fields of an ImageSet, kept image by image wherever images are taken or joined
+PER_IMAGE: tuple[str, ...] = ("groups", "sources")
+
+
 @dataclass
 class ImageSet:
     """Images (file paths or in-memory uint8 arrays) with contiguous integer labels; -1 marks an image
@@ -49,7 +53,7 @@ class ImageSet:
     def subset(self, indices) -> ImageSet:
         """The images at `indices`, keeping labels and class_names unchanged."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        meta = {k: getattr(self, k)[idx] for k in ("groups", "sources") if getattr(self, k) is not None}
+        meta = {k: getattr(self, k)[idx] for k in PER_IMAGE if getattr(self, k) is not None}
         return replace(self, items=[self.items[i] for i in idx], labels=self.labels[idx], **meta)
 
 
@@ -66,7 +70,7 @@ def concat_sets(*sets: ImageSet) -> ImageSet:
     names = sorted(set().union(*(s.class_names for s in sets)))
     parts = [relabel(s, names) for s in sets]
     modes = {s.mode for s in sets}
-    meta = {key: np.concatenate([getattr(s, key) for s in parts]) for key in ("groups", "sources")
+    meta = {key: np.concatenate([getattr(s, key) for s in parts]) for key in PER_IMAGE
             if parts and all(getattr(s, key) is not None for s in parts)}
     return ImageSet(
         items=[item for s in parts for item in s.items],
@@ -223,7 +227,7 @@ def with_transformed_classes(images: ImageSet, transforms: Sequence[str] = ()) -
         return images
     n, k = len(images), len(images.class_names)
     names = ["", *transforms]
-    meta = {key: np.concatenate([getattr(images, key)] * len(names)) for key in ("groups", "sources")
+    meta = {key: np.concatenate([getattr(images, key)] * len(names)) for key in PER_IMAGE
             if getattr(images, key) is not None}
     return TransformedImageSet(
         items=list(images.items) * len(names),
