@@ -22,15 +22,14 @@ def whitening_matrix(embeddings: np.ndarray, labels: np.ndarray, power: float) -
     return (vectors * values ** -power) @ vectors.T
 
 
-def fit_whitening(model: Embedder, images: ImageSet, batch_size: int = 64) -> np.ndarray:
-    """Fit the whitening of a model built with `whiten` on these images and their classes; the matrix set.
+def fit_whitening(model: Embedder, images: ImageSet, batch_size: int = 64) -> None:
+    """Fit the whitening of a model built with `whiten` on these images and their classes, and set it.
     `batch_size` images (each with its test views) are embedded at once: 64 keeps the memory of a training batch."""
     if not model.whiten:
         raise ValueError("fit_whitening needs a model built with whiten > 0 (model.whiten)")
     model.set_whitening(torch.eye(model.dim))
     matrix = whitening_matrix(model.embed_set(images, batch_size=batch_size), np.asarray(images.labels), model.whiten)
     model.set_whitening(torch.from_numpy(matrix).float())
-    return matrix
 
 
 def whitened(model: Embedder, images: ImageSet, power: float, batch_size: int = 64) -> Embedder:
