@@ -241,3 +241,5 @@ def test_small_cnn_pool_widths_and_neck() -> None:
         BACKBONES.build("small_cnn", None, in_channels=1, pool="sum")
     with pytest.raises(ValueError, match="widths must be 4"):
         BACKBONES.build("small_cnn", None, in_channels=1, widths=[8, 16])
+    folded = BACKBONES.build("small_cnn", None, in_channels=1, width=8, unshuffle=2).eval()
+    assert folded.features[1].in_channels == 4 and folded(torch.rand(3, 1, 56, 56)).shape == (3, 32)
