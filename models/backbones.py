@@ -16,34 +16,26 @@ IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 
 class SmallCNN(nn.Module):
-    """Four conv-BN-ReLU-pool blocks, global pooling (`pool`: avg or max), then optionally a neck (Linear-BN-ReLU to
-    `neck` features); trains in minutes on a CPU. `widths`: the four blocks' channels (default width, 2x, 2x, 4x).
-    `unshuffle` F > 1: each F x F patch of pixels becomes F * F channels first (the input F times as large)."""
+    """Four conv-BN-ReLU-pool blocks then global pooling of the last map (`pool`: avg or max); trains in minutes on
+    a CPU."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg", widths: list[int] | None = None,
-                 neck: int = 0, unshuffle: int = 1) -> None:
+    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg") -> None:
         super().__init__()
-        if unshuffle < 1:
-            raise ValueError(f"small_cnn unshuffle must be >= 1, got {unshuffle!r}")
         if pool not in ("avg", "max"):
             raise ValueError(f"small_cnn pool must be avg or max, got {pool!r}")
-        if widths is not None and (len(widths) != 4 or min(widths) < 1):
-            raise ValueError(f"small_cnn widths must be 4 channel counts >= 1, got {widths!r}")
-        chans = [in_channels * unshuffle ** 2, *(widths or [width, width * 2, width * 2, width * 4])]
-        blocks: list[nn.Module] = [nn.PixelUnshuffle(unshuffle)] if unshuffle > 1 else []
+        chans = [in_channels, width, width * 2, width * 2, width * 4]
+        blocks = []
         for cin, cout in zip(chans[:-1], chans[1:]):
             blocks += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
                        nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True)]
         self.features = nn.Sequential(*blocks)
+        self.out_features = chans[-1]
         self.pool = pool
-        self.neck = (nn.Sequential(nn.Linear(chans[-1], neck, bias=False), nn.BatchNorm1d(neck), nn.ReLU(inplace=True))
-                     if neck else nn.Identity())
-        self.out_features = neck or chans[-1]
 
     def forward(self, x: Tensor) -> Tensor:
         """Feature vectors, batch x out_features."""
         x = self.features(x)
-        return self.neck(x.amax(dim=(2, 3)) if self.pool == "max" else x.mean(dim=(2, 3)))
+        return x.amax(dim=(2, 3)) if self.pool == "max" else x.mean(dim=(2, 3))
 
 
 class ResidualBlock(nn.Module):
@@ -98,12 +90,11 @@ class PretrainedBackbone(nn.Module):
 
 
 @BACKBONES.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 64, pool: str = "avg", widths: list[int] | None = None,
-              neck: int = 0, unshuffle: int = 1, pretrained: str | None = None) -> nn.Module:
+def small_cnn(in_channels: int = 1, width: int = 64, pool: str = "avg", pretrained: str | None = None) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    return _load_file(SmallCNN(in_channels, width, pool, widths, neck, unshuffle), pretrained)
+    return _load_file(SmallCNN(in_channels, width, pool), pretrained)
 
 
 @BACKBONES.register("small_resnet")
