@@ -224,7 +224,6 @@ def test_checkpoint_round_trip(tmp_path) -> None:
         load_embedder(tmp_path / "other.pt")
 
 
-
 def test_small_cnn_pools_its_last_map_by_mean_or_max() -> None:
     torch.manual_seed(0)
     x = torch.rand(3, 1, 28, 28)
