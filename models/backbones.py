@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -90,7 +90,8 @@ class PretrainedBackbone(nn.Module):
 
 
 @BACKBONES.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 64, pool: str = "avg", pretrained: str | None = None) -> nn.Module:
+def small_cnn(in_channels: int = 1, width: int = 64, pool: Literal["avg", "max"] = "avg",
+              pretrained: str | None = None) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")

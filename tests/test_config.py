@@ -168,6 +168,8 @@ def _train(cwd, *args: str) -> subprocess.CompletedProcess:
     (["--set", "loss.alpha=[1]"], "config key loss.alpha must be a valid number, got [1]"),
     (["--set", "eval.nmi=maybe"], "config key eval.nmi must be a valid boolean, got 'maybe'"),
     (["--set", "model.backbone_params.width=wide"], "config key model.backbone_params.width must be a valid integer"),
+    (["--config", "omniglot", "--set", "model.backbone_params.pool=mean"],
+     "config key model.backbone_params.pool must be 'avg' or 'max', got 'mean'"),
     (["--set", "sampler.classes_per_batch=2.5"],
      "config key sampler.classes_per_batch must be a valid integer, got 2.5"),
     (["--set", "device=gpu"], "config key device: device must be one of auto, cpu, cuda or cuda:N, got 'gpu'"),
