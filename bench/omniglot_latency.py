@@ -62,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     ref = float(np.median(next(iter(times.values()))[:, 0]))
     print(f"20-way episode (21 images in one call + nearest), {args.episodes} episodes, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.1f}\n")
-    print("| model | views | episode: median ms | p90 ms | ratio to first | one query: median ms |\n"
+    print("| model | passes an image | episode: median ms | p90 ms | ratio to first | one query: median ms |\n"
           "|---|---:|---:|---:|---:|---:|")
     for label, t in times.items():
         config = json.loads(models[label].metadata["model_config"])
-        views = len(config.get("tta_shifts") or [[0, 0]]) + len(config.get("tta_rotations") or [])
+        views = ((len(config.get("tta_shifts") or [[0, 0]]) + len(config.get("tta_rotations") or []))
+                 * (1 + len(config.get("tta_symmetries") or [])))  # network passes per image
         print(f"| {label} | {views} | {1000 * np.median(t[:, 0]):.1f} | {1000 * np.percentile(t[:, 0], 90):.1f} | "
               f"{np.median(t[:, 0]) / ref:.2f} | {1000 * np.median(t[:, 1]):.1f} |")
     return 0

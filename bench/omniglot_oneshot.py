@@ -58,6 +58,7 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "omniglot"
 FINAL_CONFIG = REPO / "configs" / "omniglot.yaml"
 RESULTS = REPO / "bench" / "results" / "omniglot_oneshot"
 FOLDS = {"A": "test", "B": "swap"}
+VIEW_KEYS = ("tta_shifts", "tta_rotations", "tta_symmetries")  # test-time only: a kept run is scored with others
 
 #: configs/omniglot.yaml before the one-shot work (commit e656d28): 4 alphabets, held-out test
 CURRENT = """
@@ -123,15 +124,16 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
         center: float = 0.0, ensembles: dict[str, list[str]] | None = None,
         whiten: float = 0.0) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
-    entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...]}; `no TTA` = none): the
-    same weights scored with those views; with `center`, every recipe also gets a twin row `centred C` (C =
-    `center`): its own embeddings scored with episodes centred on their support images; with `whiten` P, a twin
-    row `whitened P`: the same weights whitened (train/whitening.py, power P) on the fold's training alphabets.
+    entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...], "symmetries": [names]};
+    `no TTA` = none): the same weights scored with those views (a whitened recipe's matrix fit again with them, as
+    its training would); with `center`, every recipe also gets a twin row `centred C` (C = `center`): its own
+    embeddings scored with episodes centred on their support images; with `whiten` P, a twin row `whitened P`: the
+    same weights whitened (train/whitening.py, power P) on the fold's training alphabets.
     With `reuse`, a run already finished in `keep` under the same config (test-time views aside) is scored
     with the recipe's views, not trained again. `ensembles` (label -> member recipes) adds a row per label: the
     members' L2-normalised embeddings side by side, over the square root of their number (the mean of their
     cosine similarities), its training time the sum of theirs."""
-    views = {"no TTA": {"shifts": [], "rotations": []}, **(views or {})}
+    views = {"no TTA": {"shifts": [], "rotations": [], "symmetries": []}, **(views or {})}
     splits = {fold: load_split(f"omniglot:{data}", split=FOLDS[fold]) for fold in folds}
     rows: list[dict[str, Any]] = []
     pixels = PixelEmbedder(28)
@@ -165,16 +167,17 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 timing = out / f"{name}-{fold}" / "bench_train_s.json"
                 again = reuse and timing.is_file()  # written only once a training has finished
                 recipe_views = {"shifts": config["model"]["tta_shifts"],
-                                "rotations": config["model"]["tta_rotations"]}
+                                "rotations": config["model"]["tta_rotations"],
+                                "symmetries": config["model"]["tta_symmetries"]}
                 if again:  # the kept run may have other test-time views: resume it with its own, score with these
                     kept = yaml.safe_load((timing.parent / "config.yaml").read_text())["model"]
-                    config["model"] |= {key: kept.get(key, []) for key in ("tta_shifts", "tta_rotations")}
+                    config["model"] |= {key: kept.get(key, []) for key in VIEW_KEYS}
                 t0 = time.perf_counter()
                 result = train(config, progress=False, resume=again)  # resuming a finished run trains nothing
                 row["train_s"][fold] = json.loads(timing.read_text()) if again else time.perf_counter() - t0
                 timing.write_text(json.dumps(row["train_s"][fold]))
                 model = load_embedder(result.run_dir / "last.pt")
-                model.set_views(recipe_views["shifts"], recipe_views["rotations"])
+                model.set_views(recipe_views["shifts"], recipe_views["rotations"], recipe_views["symmetries"])
                 x = model.embed_set(split.test)
                 embeddings[name] = x / np.linalg.norm(x, axis=1, keepdims=True)
                 row["errors"][fold] = score(x, split.test, episodes)
@@ -185,10 +188,13 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                     twins[name, label]["epochs"] = config["epochs"]
                     white_model = whitened(model, split.train, whiten)
                     twins[name, label]["errors"][fold] = score(white_model.embed_set(split.test), split.test, episodes)
-                for label, spec in views.items() if model.tta_shifts or model.tta_rotations else ():
-                    model.set_views(spec["shifts"], spec["rotations"])
+                tta = model.tta_shifts or model.tta_rotations or model.tta_symmetries
+                for label, spec in views.items() if tta else ():
+                    model.set_views(spec["shifts"], spec["rotations"], spec["symmetries"])
+                    # a whitened recipe's matrix is fit with its views: fit it again with these, as training would
+                    viewed = whitened(model, split.train, model.whiten) if model.whiten else model
                     twins[name, label]["epochs"] = config["epochs"]
-                    twins[name, label]["errors"][fold] = score(model.embed_set(split.test), split.test, episodes)
+                    twins[name, label]["errors"][fold] = score(viewed.embed_set(split.test), split.test, episodes)
                 e = row["errors"][fold]
                 print(f"{name} fold {fold}: {row['train_s'][fold]:.0f} s (load {row['load'][fold]:.1f}), "
                       f"within {e['within_alphabet'].mean():.4f}, across {e['across_alphabets'].mean():.4f}",
@@ -300,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--views", nargs=2, action="append", default=[], metavar=("LABEL", "VIEWS"),
                         help="an extra twin of every recipe with test-time views: the same weights scored with "
                              "these views, a JSON list of shifts [dx, dy] (e.g. '[[0, 0], [1, 0]]') or an object "
-                             "with shifts and rotations in degrees (e.g. '{\"shifts\": [[0, 0]], \"rotations\": "
-                             "[-15, 15]}')")
+                             "with shifts, rotations in degrees and symmetric copies put beside (model."
+                             "tta_symmetries; e.g. '{\"shifts\": [[0, 0]], \"rotations\": [-15, 15], "
+                             "\"symmetries\": [\"transpose\"]}')")
     parser.add_argument("--center", type=float, default=0.0, metavar="C",
                         help="also score every recipe with one-shot episodes centred on their support images: C "
                              "times the mean support embedding taken from each embedding (evaluation.oneshot)")
@@ -363,9 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError as e:
             parser.error(f"--views {label}: not JSON ({e})")
         spec = {"shifts": spec} if isinstance(spec, list) else spec
-        if not isinstance(spec, dict) or set(spec) - {"shifts", "rotations"}:
-            parser.error(f"--views {label}: give a JSON list of shifts or an object with shifts and rotations")
-        views[label] = {"shifts": spec.get("shifts", []), "rotations": spec.get("rotations", [])}
+        if not isinstance(spec, dict) or set(spec) - {"shifts", "rotations", "symmetries"}:
+            parser.error(f"--views {label}: give a JSON list of shifts or an object with shifts, rotations and "
+                         "symmetries")
+        views[label] = {"shifts": spec.get("shifts", []), "rotations": spec.get("rotations", []),
+                        "symmetries": spec.get("symmetries", [])}
     try:
         check_center(args.center)
     except ValueError as e:

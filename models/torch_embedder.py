@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ class Embedder(ArrayEmbedder, nn.Module):
         preprocessing: Preprocessing | dict[str, Any] | None = None, pretrained: str | bool | None = None,
         backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None, freeze: int | None = None,
         tta_rotations: list | None = None, members: int = 1, whiten: float = 0.0,
+        tta_symmetries: list | None = None,
     ) -> None:
         """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
         the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one).
@@ -36,7 +37,11 @@ class Embedder(ArrayEmbedder, nn.Module):
         similarity: the mean of theirs), and each member trains on its own part (`member_embeddings`).
         `whiten` P in (0, 1]: in eval mode the embedding is multiplied by a dim x dim matrix, the within-class
         scatter of the training images' embeddings raised to -P (`set_whitening`; the identity until the trainer
-        fits it), then L2-normalised again; 0: none."""
+        fits it), then L2-normalised again; 0: none.
+        `tta_symmetries` (names of `SYMMETRIES`): in eval mode the embedding is the images' own (views and whitening
+        included), L2-normalised, then that of each symmetric copy of the images the same way, side by side, over
+        sqrt(1 + their number) (cosine similarity: the mean over the symmetries); a model trained with those
+        symmetries as classes of their own (`augment_classes`) is an ensemble of 1 + N embeddings this way."""
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
             raise ValueError(f"model.dim must be an integer >= 1 (or null: the backbone's features), got {dim!r}")
@@ -66,8 +71,8 @@ class Embedder(ArrayEmbedder, nn.Module):
         self.whiten = float(whiten)
         if whiten:
             self.config["whiten"] = self.whiten
-            self.register_buffer("whitening", torch.eye(self.dim))
-        self.set_views(tta_shifts or [], tta_rotations or [])
+            self.register_buffer("whitening", torch.eye(self.part_dim))
+        self.set_views(tta_shifts or [], tta_rotations or [], tta_symmetries or [])
         self.trunk: Trunk | None = None
         if freeze is not None:
             self.trunk = split_backbone(self.backbone, freeze)
@@ -88,11 +93,22 @@ class Embedder(ArrayEmbedder, nn.Module):
                     module.eval()
         return self
 
-    def set_views(self, shifts: Sequence[Sequence[int]], rotations: Sequence[float]) -> None:
-        """Average these test-time views in eval mode: shifts (dx, dy) in pixels, rotations in degrees (none: off)."""
+    def set_views(self, shifts: Sequence[Sequence[int]], rotations: Sequence[float],
+                  symmetries: Sequence[str] = ()) -> None:
+        """Average these test-time views in eval mode: shifts (dx, dy) in pixels, rotations in degrees (none: off);
+        and put the embeddings of these symmetric copies (`SYMMETRIES` names) beside the images' own."""
+        unknown = [name for name in symmetries if name not in SYMMETRIES]
+        if unknown or len(set(symmetries)) != len(symmetries):
+            raise ValueError(f"model.tta_symmetries takes distinct names from {', '.join(SYMMETRIES)}; "
+                             f"got {list(symmetries)}")
+        if symmetries and not self.normalize:
+            raise ValueError("model.tta_symmetries puts L2-normalised embeddings side by side: set model.normalize: "
+                             "true, or drop model.tta_symmetries")
         self.tta_shifts = [(int(dx), int(dy)) for dx, dy in shifts]
         self.tta_rotations = [float(a) for a in rotations]
-        for key, value in (("tta_shifts", [list(s) for s in self.tta_shifts]), ("tta_rotations", self.tta_rotations)):
+        self.tta_symmetries = list(symmetries)
+        for key, value in (("tta_shifts", [list(s) for s in self.tta_shifts]), ("tta_rotations", self.tta_rotations),
+                           ("tta_symmetries", self.tta_symmetries)):
             if value:
                 self.config[key] = value
             else:
@@ -101,20 +117,27 @@ class Embedder(ArrayEmbedder, nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         """Embeddings for a batch of preprocessed images; in eval mode with `tta_shifts` or `tta_rotations`, the
         mean of the embeddings of the shifted and rotated views (test-time augmentation, part of the exported graph),
-        then whitened where the model has `whiten`."""
+        then whitened where the model has `whiten`; with `tta_symmetries`, the same for each symmetric copy of the
+        images too, side by side."""
         if self.training:
             return self._embed(images)
+        copies = 1 + len(self.tta_symmetries)
+        if copies > 1:  # every copy of every image through the network in one batch
+            images = torch.cat([images, *(SYMMETRIES[name](images) for name in self.tta_symmetries)])
         if self.tta_shifts or self.tta_rotations:
             out = views_mean(self._embed, images, self.tta_shifts, self.tta_rotations, self.normalize)
         else:
             out = self._embed(images)
-        if not self.whiten:
+        if self.whiten:
+            out = out @ self.whitening.to(out.dtype)
+            out = F.normalize(out, dim=1) if self.normalize else out
+        if copies == 1:
             return out
-        out = out @ self.whitening.to(out.dtype)
-        return F.normalize(out, dim=1) if self.normalize else out
+        return out.unflatten(0, (copies, -1)).transpose(0, 1).flatten(1) / math.sqrt(copies)
 
     def set_whitening(self, matrix: Tensor) -> None:
-        """The dim x dim matrix that eval-mode embeddings are multiplied by (a model built with `whiten`)."""
+        """The part_dim x part_dim matrix that eval-mode embeddings (each copy's) are multiplied by (a model built with
+        `whiten`)."""
         if not self.whiten:
             raise ValueError("set_whitening needs a model built with whiten > 0 (model.whiten)")
         if matrix.shape != self.whitening.shape:
@@ -145,7 +168,12 @@ class Embedder(ArrayEmbedder, nn.Module):
 
     @property
     def dim(self) -> int:
-        """Embedding dimension."""
+        """Embedding dimension (in eval mode: with `tta_symmetries`, all the copies' parts)."""
+        return self.part_dim * (1 + len(self.tta_symmetries))
+
+    @property
+    def part_dim(self) -> int:
+        """The dimension of one image's embedding: what a training step outputs and the whitening acts on."""
         return getattr(self.head, "out_features", self.backbone.out_features)
 
     @torch.no_grad()
@@ -196,6 +224,15 @@ def views_mean(embed, images: Tensor, shifts: Sequence[tuple[int, int]], rotatio
     return F.normalize(out, dim=1) if normalize else out
 
 
+#: test-time symmetric copies (`tta_symmetries`), one function of N x C x H x W images per name: the tensor twins of
+#: data.base.CLASS_TRANSFORMS, the transposes that `augment_classes` trains as classes of their own
+SYMMETRIES: dict[str, Callable[[Tensor], Tensor]] = {
+    "rot90": lambda x: x.transpose(2, 3).flip(2), "rot180": lambda x: x.flip(2).flip(3),
+    "rot270": lambda x: x.transpose(2, 3).flip(3), "flip_lr": lambda x: x.flip(3), "flip_tb": lambda x: x.flip(2),
+    "transpose": lambda x: x.transpose(2, 3), "transverse": lambda x: x.transpose(2, 3).flip(2).flip(3),
+}
+
+
 def rotated(images: Tensor, degrees: float) -> Tensor:
     """`images` rotated counterclockwise by `degrees` about their centre (bilinear, edges replicated)."""
     n, _, h, w = images.shape
@@ -215,7 +252,7 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
     known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze", "members",
-             "whiten"}
+             "whiten", "tta_symmetries"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; "

@@ -170,6 +170,13 @@ def _train(cwd, *args: str) -> subprocess.CompletedProcess:
     (["--set", "model.backbone_params.width=wide"], "config key model.backbone_params.width must be a valid integer"),
     (["--config", "omniglot", "--set", "model.backbone_params.pool=mean"],
      "config key model.backbone_params.pool must be 'avg' or 'max', got 'mean'"),
+    (["--set", "model.tta_symmetries=[rot45]"], "config key model.tta_symmetries[0] must be 'rot90', 'rot180', "
+                                                 "'rot270', 'flip_lr', 'flip_tb', 'transpose' or 'transverse', got "
+                                                 "'rot45'"),
+    (["--set", "model.tta_symmetries=[rot90, rot90]"],
+     "config key model.tta_symmetries names a symmetry twice: ['rot90', 'rot90']"),
+    (["--set", "model.tta_symmetries=[rot90]", "model.normalize=false"],
+     "config key model.tta_symmetries puts L2-normalised embeddings side by side: set model.normalize: true"),
     (["--set", "sampler.classes_per_batch=2.5"],
      "config key sampler.classes_per_batch must be a valid integer, got 2.5"),
     (["--set", "device=gpu"], "config key device: device must be one of auto, cpu, cuda or cuda:N, got 'gpu'"),
@@ -197,8 +204,8 @@ def test_batch_size_lists_the_valid_top_level_keys():
 
 
 def test_a_packaged_config_by_name_from_any_folder(tmp_path):
-    assert load_config("omniglot")["model"]["tta_shifts"][1] == [3, 0]
-    assert load_config("omniglot")["model"]["tta_rotations"] == [-15, 15]
+    assert load_config("omniglot")["model"]["tta_shifts"][1] == [3, 3]
+    assert load_config("omniglot")["model"]["tta_symmetries"] == ["transpose", "rot180", "transverse"]
     done = _train(tmp_path, "--config", "digits", "--output-dir", "runs", "--epochs", "1",
                   "--set", "batches_per_epoch=1", "eval.nmi=false", "model.dim=8")
     assert done.returncode == 0, done.stderr

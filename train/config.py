@@ -15,6 +15,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 from metricsearch.models.backbones import BACKBONES, parse_backbone
 from metricsearch.models.device import check_device
 from metricsearch.models.preprocessing import Preprocessing
+from metricsearch.models.torch_embedder import SYMMETRIES
 from metricsearch.registry import Registry
 from metricsearch.train.augment import AUGMENT_CONTEXT, AUGMENTATIONS
 from metricsearch.train.context import CONTEXT_KEYS
@@ -91,6 +92,10 @@ class PreprocessingKeys(Section):
     interpolation: str | None = None
 
 
+#: a name of a symmetry of the square (`model.tta_symmetries`)
+Symmetry = Literal[tuple(SYMMETRIES)]  # type: ignore[valid-type]
+
+
 class ModelConfig(Section):
     """The `model` section: the embedder's architecture and its input preprocessing."""
 
@@ -101,6 +106,8 @@ class ModelConfig(Section):
     backbone_params: dict[str, Any] = Field(default_factory=dict)
     tta_shifts: list[tuple[int, int]] = Field(default_factory=list)
     tta_rotations: list[float] = Field(default_factory=list)  # degrees; each adds a rotated test view
+    # symmetries of the square (as augment_classes): each copy's embedding is put beside the images' own
+    tta_symmetries: list[Symmetry] = Field(default_factory=list)
     # keys set here replace the backbone's own preprocessing (its ImageNet one; 28 px gray for small_cnn)
     preprocessing: dict[str, Any] = Field(default_factory=dict)
     # N: the backbone's stem and first N blocks keep their pretrained weights and BatchNorm statistics
@@ -326,6 +333,12 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     if typed.trunk_cache and typed.model.freeze is None:
         raise ValueError("config key trunk_cache caches the frozen trunk's outputs: set model.freeze too "
                          "(the number of leading backbone blocks to freeze), or trunk_cache: 0")
+    symmetries = typed.model.tta_symmetries
+    if len(set(symmetries)) != len(symmetries):
+        raise ValueError(f"config key model.tta_symmetries names a symmetry twice: {symmetries}")
+    if symmetries and not typed.model.normalize:
+        raise ValueError("config key model.tta_symmetries puts L2-normalised embeddings side by side: set "
+                         "model.normalize: true, or drop model.tta_symmetries")
     if typed.memory.size and typed.model.members > 1:
         raise ValueError("memory (a cross-batch memory) keeps one embedding per image: set model.members: 1, "
                          "or memory.size: 0")

@@ -180,7 +180,7 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     seed_everything(config.seed)
     model = build_embedder(config.model.model_dump(mode="json"), pretrained=config.model.pretrained)
     loss, sampler, miner, weighting = build_components(config, split.train, dist)
-    memory = build_memory(config, loss, sampler, miner, weighting, model.dim)
+    memory = build_memory(config, loss, sampler, miner, weighting, model.part_dim)
     model.to(device)
     loss.to(device)
     if memory is not None:

@@ -27,8 +27,14 @@ def fit_whitening(model: Embedder, images: ImageSet, batch_size: int = 64) -> No
     `batch_size` images (each with its test views) are embedded at once: 64 keeps the memory of a training batch."""
     if not model.whiten:
         raise ValueError("fit_whitening needs a model built with whiten > 0 (model.whiten)")
-    model.set_whitening(torch.eye(model.dim))
-    matrix = whitening_matrix(model.embed_set(images, batch_size=batch_size), np.asarray(images.labels), model.whiten)
+    model.set_whitening(torch.eye(model.part_dim))
+    symmetries = model.tta_symmetries  # fit on the images' own embeddings: every symmetric copy shares the matrix
+    model.set_views(model.tta_shifts, model.tta_rotations)
+    try:
+        embeddings = model.embed_set(images, batch_size=batch_size)
+    finally:
+        model.set_views(model.tta_shifts, model.tta_rotations, symmetries)
+    matrix = whitening_matrix(embeddings, np.asarray(images.labels), model.whiten)
     model.set_whitening(torch.from_numpy(matrix).float())
 
 
