@@ -79,7 +79,8 @@ def omniglot_onnx(omniglot_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     out = tmp_path_factory.mktemp("omniglot")
     config = load_config(REPO / "configs" / "omniglot.yaml", [
         f"output_dir={out}", f"dataset=omniglot:{omniglot_dir}", "split=test", "epochs=1", "batches_per_epoch=60",
-        "eval.every=100", "eval.nmi=false", "eval.one_shot_ways=null", "model.tta_shifts=[]", "augment_classes=[]"])
+        "eval.every=100", "eval.nmi=false", "eval.one_shot_ways=null", "model.tta_shifts=[]", "model.tta_symmetries=[]",
+        "augment_classes=[]"])
     run = train(config, progress=False)
     return export_onnx(run.run_dir, out / "omniglot.onnx").path
 
