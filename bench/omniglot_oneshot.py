@@ -144,6 +144,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                              "what": f"same weights, test-time views {spec if any(spec.values()) else 'off'}"}
              for name, row in zip(recipes, trained) for label, spec in views.items()}
     ensembles = ensembles or {}
+    joined = {m for names in ensembles.values() for m in names}  # the rows whose embeddings an ensemble joins
     combined = [{"recipe": label, "what": f"ensemble of {' + '.join(members)}", "train_s": {}, "errors": {}}
                 for label, members in ensembles.items()]
     centred = twin_labels({}, center)  # one label with a center, none without
@@ -179,7 +180,8 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                 model = load_embedder(result.run_dir / "last.pt")
                 model.set_views(recipe_views["shifts"], recipe_views["rotations"], recipe_views["symmetries"])
                 x = model.embed_set(split.test)
-                embeddings[name] = x / np.linalg.norm(x, axis=1, keepdims=True)
+                if name in joined:
+                    embeddings[name] = x / np.linalg.norm(x, axis=1, keepdims=True)
                 row["errors"][fold] = score(x, split.test, episodes)
                 for label in centred:
                     twins[name, label]["epochs"] = config["epochs"]
