@@ -198,14 +198,6 @@ CLASS_TRANSFORMS: dict[str, Image.Transpose] = {
     "flip_lr": Image.Transpose.FLIP_LEFT_RIGHT, "flip_tb": Image.Transpose.FLIP_TOP_BOTTOM,
     "transpose": Image.Transpose.TRANSPOSE, "transverse": Image.Transpose.TRANSVERSE,
 }
-#: SCREEN: the 8 other elements of the octagon's group: turned by 45 + k 90 degrees, mirrored first or not
-TURNS = {f"{'m' if m else ''}rot{a}": (a, m) for m in (False, True) for a in (45, 135, 225, 315)}
-
-
-def _turned(image: Image.Image, name: str) -> Image.Image:
-    angle, mirror = TURNS[name]
-    image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if mirror else image
-    return image.rotate(angle, resample=Image.Resampling.BILINEAR, expand=True, fillcolor=255)
 
 
 @dataclass
@@ -217,8 +209,6 @@ class TransformedImageSet(ImageSet):
     def load(self, i: int) -> Image.Image:
         image = super().load(i)
         name = self.transforms[i] if self.transforms is not None else ""
-        if name in TURNS:
-            return _turned(image, name)
         return image.transpose(CLASS_TRANSFORMS[name]) if name else image
 
     def subset(self, indices) -> ImageSet:
@@ -230,7 +220,7 @@ def with_transformed_classes(images: ImageSet, transforms: Sequence[str] = ()) -
     """The set plus, for each name in `transforms` (e.g. rot90, rot180, rot270), a transformed copy of
     every image as new classes: a rotated character is another character. Training data only."""
     transforms = list(transforms or ())
-    unknown = [t for t in transforms if t not in CLASS_TRANSFORMS and t not in TURNS]
+    unknown = [t for t in transforms if t not in CLASS_TRANSFORMS]
     if unknown or len(set(transforms)) != len(transforms):
         raise ValueError(f"augment_classes takes distinct names from {', '.join(CLASS_TRANSFORMS)}; got {transforms}")
     if not transforms:

@@ -17,38 +17,28 @@ IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 class SmallCNN(nn.Module):
     """Four conv-BN-ReLU-pool blocks then global pooling of the last map (`pool`: avg or max); trains in minutes on
-    a CPU."""
+    a CPU. `pool_first`: each block max-pools its convolution's output first, then batch-normalises and rectifies
+    the quarter-size map (conv-pool-BN-ReLU: another model, whose training steps take 0.65-0.7x the time)."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg", dropout: float = 0.0,
-                 order: str = "relu_pool") -> None:
+    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg", pool_first: bool = False) -> None:
         super().__init__()
-        if pool not in ("avg", "max", "avgmax"):
+        if pool not in ("avg", "max"):
             raise ValueError(f"small_cnn pool must be avg or max, got {pool!r}")
         chans = [in_channels, width, width * 2, width * 2, width * 4]
         blocks = []
         for cin, cout in zip(chans[:-1], chans[1:]):
-            blocks += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
-                       nn.ReLU(inplace=True), nn.MaxPool2d(2, ceil_mode=True)]
+            conv, norm = nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout)
+            down, relu = nn.MaxPool2d(2, ceil_mode=True), nn.ReLU(inplace=True)
+            # conv-BN-ReLU-pool: the max-pool before the ReLU gives the same map, with the ReLU on a quarter of it
+            blocks += [conv, down, norm, relu] if pool_first else [conv, norm, down, relu]
         self.features = nn.Sequential(*blocks)
-        self.out_features = chans[-1] * (2 if pool == "avgmax" else 1)
+        self.out_features = chans[-1]
         self.pool = pool
-        self.dropout = nn.Dropout(dropout)
-        self.order = order
 
     def forward(self, x: Tensor) -> Tensor:
         """Feature vectors, batch x out_features."""
-        f = self.features
-        for k in range(0, len(f), 4):
-            conv, bn, relu, pool = f[k:k + 4]
-            if self.order == "pool_bn":
-                x = relu(bn(pool(conv(x))))
-            elif self.order == "pool_relu" and self.training:
-                x = relu(pool(bn(conv(x))))
-            else:
-                x = pool(relu(bn(conv(x))))
-        if self.pool == "avgmax":
-            return self.dropout(torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], 1))
-        return self.dropout(x.amax(dim=(2, 3)) if self.pool == "max" else x.mean(dim=(2, 3)))
+        x = self.features(x)
+        return x.amax(dim=(2, 3)) if self.pool == "max" else x.mean(dim=(2, 3))
 
 
 class ResidualBlock(nn.Module):
@@ -103,13 +93,12 @@ class PretrainedBackbone(nn.Module):
 
 
 @BACKBONES.register("small_cnn")
-def small_cnn(in_channels: int = 1, width: int = 64, pool: Literal["avg", "max", "avgmax"] = "avg",
-              pretrained: str | None = None, dropout: float = 0.0,
-              order: Literal["relu_pool", "pool_relu", "pool_bn"] = "relu_pool") -> nn.Module:
+def small_cnn(in_channels: int = 1, width: int = 64, pool: Literal["avg", "max"] = "avg",
+              pretrained: str | None = None, pool_first: bool = False) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    return _load_file(SmallCNN(in_channels, width, pool, dropout, order), pretrained)
+    return _load_file(SmallCNN(in_channels, width, pool, pool_first), pretrained)
 
 
 @BACKBONES.register("small_resnet")

@@ -236,3 +236,57 @@ def test_small_cnn_pools_its_last_map_by_mean_or_max() -> None:
     assert torch.allclose(top(x), cells.amax(dim=(2, 3)))
     with pytest.raises(ValueError, match="pool must be avg or max"):
         BACKBONES.build("small_cnn", None, in_channels=1, pool="sum")
+
+
+def _blocks_by_hand(net, x: torch.Tensor, pool_first: bool) -> torch.Tensor:
+    """SmallCNN's feature map from its own layers, block by block in the textbook order: conv-BN-ReLU-pool, or with
+    `pool_first` conv-pool-BN-ReLU."""
+    convs = [m for m in net.features if isinstance(m, torch.nn.Conv2d)]
+    norms = [m for m in net.features if isinstance(m, torch.nn.BatchNorm2d)]
+    pool = torch.nn.functional.max_pool2d
+    for conv, norm in zip(convs, norms, strict=True):
+        y = conv(x)
+        x = torch.relu(norm(pool(y, 2, ceil_mode=True))) if pool_first else pool(torch.relu(norm(y)), 2, ceil_mode=True)
+    return x
+
+
+@pytest.mark.parametrize("pool_first", [False, True])
+def test_small_cnn_blocks_give_the_textbook_maps_and_gradients(pool_first) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(6, 1, 28, 28)
+    for training in (True, False):  # batch statistics, then the running ones
+        net = BACKBONES.build("small_cnn", None, in_channels=1, width=8, pool_first=pool_first).train(training)
+        twin = BACKBONES.build("small_cnn", None, in_channels=1, width=8, pool_first=pool_first).train(training)
+        twin.load_state_dict(net.state_dict())
+        got, want = net.features(x), _blocks_by_hand(twin, x, pool_first)
+        assert got.shape == want.shape == (6, 32, 2, 2)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)  # the ReLU after the max-pool: the same numbers
+        got.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        for (name, a), b in zip(net.named_parameters(), twin.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=name)
+    middle = ["MaxPool2d", "BatchNorm2d"] if pool_first else ["BatchNorm2d", "MaxPool2d"]
+    assert [type(m).__name__ for m in net.features[:4]] == ["Conv2d", *middle, "ReLU"]
+
+
+def test_a_pool_first_small_cnn_exports_with_parity_and_is_typed(tmp_path) -> None:
+    from metricsearch.models.onnx_embedder import OnnxEmbedder
+    from metricsearch.train.config import load_config, typed_config
+    from metricsearch.train.export import export_onnx
+
+    torch.manual_seed(0)
+    model = build_embedder({"dim": 8, "backbone_params": {"width": 8, "pool": "max", "pool_first": True},
+                            "preprocessing": {"size": 28, "channels": 1}})
+    for m in model.modules():  # running statistics of a trained model, and negative scales (BN after the max-pool)
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.data.uniform_(-1, 1)
+    batch = np.random.default_rng(0).normal(size=(5, 1, 28, 28)).astype(np.float32)
+    report = export_onnx(model.eval(), tmp_path / "first.onnx", batch)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch)).numpy()
+    assert report.embedding_dim == 8
+    assert np.abs(OnnxEmbedder(tmp_path / "first.onnx", device="cpu").embed_arrays(batch) - expected).max() <= 1e-4
+    config = typed_config(load_config("omniglot", ["model.backbone_params.pool_first=false"]))
+    assert config.model.backbone_params["pool_first"] is False
+    with pytest.raises(ValueError, match="pool_first"):
+        typed_config(load_config("omniglot", ["model.backbone_params.pool_first=later"]))

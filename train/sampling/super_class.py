@@ -22,7 +22,7 @@ class SuperClassSampler(GroupSampler):
     def __init__(
         self, labels: np.ndarray, groups: np.ndarray | None = None, classes_per_batch: int = 8,
         images_per_class: int = 8, super_classes_per_batch: int = 1, seed: int = 0, rank: int = 0,
-        world_size: int = 1, batches_per_epoch: int | None = None, share: float = 1.0,
+        world_size: int = 1, batches_per_epoch: int | None = None,
     ) -> None:
         super().__init__(labels, classes_per_batch, images_per_class, seed, rank, world_size, batches_per_epoch)
         if groups is None or len(groups) != len(self.labels):
@@ -39,11 +39,8 @@ class SuperClassSampler(GroupSampler):
             raise ValueError(f"super_classes_per_batch must be between 1 and the {len(self.by_group)} super-classes, "
                              f"got {super_classes_per_batch}")
         self.s = super_classes_per_batch
-        self.share = share
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
-        if self.share < 1 and rng.random() >= self.share:
-            return super().draw(rng)
         order = rng.choice(len(self.sizes), size=len(self.sizes), replace=False, p=self.p)
         taken = max(self.s, int(np.searchsorted(np.cumsum(self.sizes[order]), self.n)) + 1)  # enough to hold n
         pool = np.concatenate([self.by_group[g] for g in order[:taken]])
