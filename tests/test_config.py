@@ -206,6 +206,7 @@ def test_batch_size_lists_the_valid_top_level_keys():
 def test_a_packaged_config_by_name_from_any_folder(tmp_path):
     assert load_config("omniglot")["model"]["tta_shifts"][1] == [3, 3]
     assert load_config("omniglot")["model"]["tta_symmetries"] == ["transpose", "rot180", "transverse"]
+    assert load_config("omniglot")["model"]["backbone_params"] == {"width": 48, "pool": "max", "pool_first": True}
     done = _train(tmp_path, "--config", "digits", "--output-dir", "runs", "--epochs", "1",
                   "--set", "batches_per_epoch=1", "eval.nmi=false", "model.dim=8")
     assert done.returncode == 0, done.stderr
