@@ -29,8 +29,8 @@ class SmallCNN(nn.Module):
         for cin, cout in zip(chans[:-1], chans[1:]):
             conv, norm = nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout)
             down, relu = nn.MaxPool2d(2, ceil_mode=True), nn.ReLU(inplace=True)
-            # conv-BN-ReLU-pool: the max-pool before the ReLU gives the same map, with the ReLU on a quarter of it
-            blocks += [conv, down, norm, relu] if pool_first else [conv, norm, down, relu]
+            # not conv-BN-pool-ReLU (the same map, the ReLU on a quarter of it): onnxruntime's int8 copy of it strays
+            blocks += [conv, down, norm, relu] if pool_first else [conv, norm, relu, down]
         self.features = nn.Sequential(*blocks)
         self.out_features = chans[-1]
         self.pool = pool

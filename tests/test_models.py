@@ -260,13 +260,13 @@ def test_small_cnn_blocks_give_the_textbook_maps_and_gradients(pool_first) -> No
         twin.load_state_dict(net.state_dict())
         got, want = net.features(x), _blocks_by_hand(twin, x, pool_first)
         assert got.shape == want.shape == (6, 32, 2, 2)
-        torch.testing.assert_close(got, want, rtol=0, atol=0)  # the ReLU after the max-pool: the same numbers
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
         got.pow(2).sum().backward()
         want.pow(2).sum().backward()
         for (name, a), b in zip(net.named_parameters(), twin.parameters(), strict=True):
             torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=name)
-    middle = ["MaxPool2d", "BatchNorm2d"] if pool_first else ["BatchNorm2d", "MaxPool2d"]
-    assert [type(m).__name__ for m in net.features[:4]] == ["Conv2d", *middle, "ReLU"]
+    order = ["MaxPool2d", "BatchNorm2d", "ReLU"] if pool_first else ["BatchNorm2d", "ReLU", "MaxPool2d"]
+    assert [type(m).__name__ for m in net.features[:4]] == ["Conv2d", *order]
 
 
 def test_a_pool_first_small_cnn_exports_with_parity_and_is_typed(tmp_path) -> None:

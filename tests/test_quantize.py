@@ -43,3 +43,17 @@ def test_a_model_that_strays_writes_nothing(digits_onnx: Path, tmp_path: Path) -
     out.write_bytes(b"keep")
     assert main(["quantize", str(digits_onnx), "--out", str(out), "--images", "digits"]) == 2
     assert out.read_bytes() == b"keep"
+
+
+def test_a_pool_first_cnn_quantizes_close_to_its_float32_model(tmp_path: Path) -> None:
+    from metricsearch.train import export_onnx
+    from metricsearch.train.config import load_config
+    from metricsearch.train.trainer import train
+
+    # conv-pool-BN-ReLU (configs/omniglot.yaml's blocks): the batch norm is not folded into the convolution
+    config = load_config("digits", [f"output_dir={tmp_path}", "epochs=1", "model.backbone_params.pool_first=true"])
+    onnx_path = export_onnx(train(config, progress=False).run_dir, tmp_path / "first.onnx").path
+    report = quantize_onnx(onnx_path, tmp_path / "first8.onnx", "digits", count=64)
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "first8.onnx")).graph.node}
+    assert "QLinearConv" in ops and "Conv" not in ops, ops
+    assert report.min_cosine >= 0.97, report  # well above the 0.9 that quantize_onnx itself demands
