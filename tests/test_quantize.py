@@ -12,8 +12,10 @@ from metricsearch.app.cli import main
 from metricsearch.data import load_image_set
 from metricsearch.evaluation import evaluate
 from metricsearch.models import OnnxEmbedder
-from metricsearch.train import quantize_onnx
+from metricsearch.train import export_onnx, quantize_onnx
+from metricsearch.train.config import load_config
 from metricsearch.train.export import ExportError
+from metricsearch.train.trainer import train
 
 
 def test_the_int8_model_keeps_the_metadata_and_the_neighbours(digits_onnx: Path, tmp_path: Path, capsys) -> None:
@@ -46,10 +48,6 @@ def test_a_model_that_strays_writes_nothing(digits_onnx: Path, tmp_path: Path) -
 
 
 def test_a_pool_first_cnn_quantizes_close_to_its_float32_model(tmp_path: Path) -> None:
-    from metricsearch.train import export_onnx
-    from metricsearch.train.config import load_config
-    from metricsearch.train.trainer import train
-
     # conv-pool-BN-ReLU (configs/omniglot.yaml's blocks): the batch norm is not folded into the convolution
     config = load_config("digits", [f"output_dir={tmp_path}", "epochs=1", "model.backbone_params.pool_first=true"])
     onnx_path = export_onnx(train(config, progress=False).run_dir, tmp_path / "first.onnx").path
