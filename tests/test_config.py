@@ -75,7 +75,7 @@ def test_every_section_suggests_the_close_key(override, named):
     ("batches_per_epoch=0", "batches_per_epoch must be an integer >= 1"),
     ("model.preprocessing.ink_width=0", "model.preprocessing.ink_width must be greater than 0, got 0"),
     ("model.preprocessing.ink_fill=1.5", "model.preprocessing.ink_fill must be less than or equal to 1, got 1.5"),
-    ("amp=on", "config key amp must be 'auto', 'off', 'bf16' or 'fp16', got True"),
+    ("amp=on", "config key amp must be 'auto', 'off', 'bf16' or 'fp16', got 'on'"),
     ("split=train", "config key split must be 'test', 'swap' or 'all', got 'train'"),
     ("channels_last=maybe", "config key channels_last must be auto, true or false, got 'maybe'"),
     ("model.preprocessing.ink_fill=true", "model.preprocessing.ink_fill must not be true or false, got true"),

@@ -49,8 +49,9 @@ def _auto_or_bool(value: Any) -> Any:
 
 
 def _off_for_false(value: Any) -> Any:
-    """`off` for false (YAML reads a bare `off`, as in `amp: off` or `--set amp=off`, as false), else `value`."""
-    return "off" if value is False else value
+    """`off` for false and `on` for true (YAML reads a bare `off` or `on`, as in `amp: off` or `--set amp=on`, as a
+    boolean), else `value`."""
+    return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
 
 
 #: a `{name: ..., **params}` section; its parameters are typed by the component its name picks
@@ -364,7 +365,8 @@ def _validated(schema: type[BaseModel], values: dict[str, Any], where: str) -> A
             expected = message.removeprefix("Input should be ")
             message = "must be " + (expected if error["type"] == "literal_error" else expected.split(",")[0])
         text = f"config key {where}{'.'.join(key)}" + (f" {message}" if message.startswith("must") else f": {message}")
-        raise ValueError(text if ", got " in message else f"{text}, got {_short(value)}") from None
+        shown = error.get("input", value)  # as the validators saw it: a YAML `on` is 'on', not True
+        raise ValueError(text if ", got " in message else f"{text}, got {_short(shown)}") from None
 
 
 def _short(value: Any) -> str:
