@@ -20,14 +20,11 @@ class SmallCNN(nn.Module):
     a CPU. `pool_first`: each block max-pools its convolution's output first, then batch-normalises and rectifies
     the quarter-size map (conv-pool-BN-ReLU: another model, whose training steps take 0.65-0.7x the time)."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg", pool_first: bool = False,
-                 channels: list[int] | None = None) -> None:
+    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg", pool_first: bool = False) -> None:
         super().__init__()
         if pool not in ("avg", "max"):
             raise ValueError(f"small_cnn pool must be avg or max, got {pool!r}")
-        if channels is not None and (len(channels) != 4 or min(channels) < 1):
-            raise ValueError(f"small_cnn channels must be 4 positive numbers, got {channels!r}")
-        chans = [in_channels, *(channels or [width, width * 2, width * 2, width * 4])]
+        chans = [in_channels, width, width * 2, width * 2, width * 4]
         blocks = []
         for cin, cout in zip(chans[:-1], chans[1:]):
             conv, norm = nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout)
@@ -97,11 +94,11 @@ class PretrainedBackbone(nn.Module):
 
 @BACKBONES.register("small_cnn")
 def small_cnn(in_channels: int = 1, width: int = 64, pool: Literal["avg", "max"] = "avg",
-              pretrained: str | None = None, pool_first: bool = False, channels: list[int] | None = None) -> nn.Module:
+              pretrained: str | None = None, pool_first: bool = False) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    return _load_file(SmallCNN(in_channels, width, pool, pool_first, channels), pretrained)
+    return _load_file(SmallCNN(in_channels, width, pool, pool_first), pretrained)
 
 
 @BACKBONES.register("small_resnet")
