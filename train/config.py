@@ -48,10 +48,10 @@ def _auto_or_bool(value: Any) -> Any:
     raise ValueError("must be auto, true or false")
 
 
-def _off_for_false(value: Any) -> Any:
+def _switch_word(value: Any) -> Any:
     """`off` for false and `on` for true (YAML reads a bare `off` or `on`, as in `amp: off` or `--set amp=on`, as a
     boolean), else `value`."""
-    return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
+    return ("on" if value else "off") if isinstance(value, bool) else value
 
 
 #: a `{name: ..., **params}` section; its parameters are typed by the component its name picks
@@ -164,7 +164,7 @@ class TrainConfig(Section):
     schedule: Component
     epochs: Count
     batches_per_epoch: Count | None = None
-    amp: Annotated[Literal["auto", "off", "bf16", "fp16"], BeforeValidator(_off_for_false)] = "auto"
+    amp: Annotated[Literal["auto", "off", "bf16", "fp16"], BeforeValidator(_switch_word)] = "auto"
     # channels-last weights and batches: auto = on CUDA; true also on the CPU (faster there with oneDNN, but
     # check the model's gradients: docs/command-line.md)
     channels_last: Annotated[Literal["auto"] | bool, BeforeValidator(_auto_or_bool)] = "auto"
