@@ -182,6 +182,10 @@ def _train(cwd, *args: str) -> subprocess.CompletedProcess:
     (["--set", "device=gpu"], "config key device: device must be one of auto, cpu, cuda or cuda:N, got 'gpu'"),
     (["--set", "augment={name: batch_affine, scale: [1.2, 1.0]}"],
      "batch_affine: scale must be [low, high] with 0 < low <= high, got [1.2, 1.0]"),
+    (["--set", "distill.epoch=2"], "unknown config key distill.epoch (did you mean distill.epochs?); distill accepts: "
+                                   "epochs, weight, lr"),
+    (["--set", "distill.lr=0"], "config key distill.lr must be greater than 0, got 0"),
+    (["--set", "distill.weight=-1"], "config key distill.weight must be greater than or equal to 0, got -1"),
     (["--set", "batch_size=64"], "unknown config key batch_size; a training batch is sampler.classes_per_batch x "
                                  "sampler.images_per_class images"),
     (["--config", "some.png"], "config file some.png is not a YAML text file"),

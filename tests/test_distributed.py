@@ -63,7 +63,7 @@ def test_gathered_loss_and_gradients_equal_the_single_process_ones(tmp_path: Pat
 
 def test_two_process_run_trains_evaluates_and_writes_one_run_dir(tmp_path: Path) -> None:
     overrides = [f"output_dir={tmp_path}", "name=ddp", "epochs=2", "batches_per_epoch=3", "eval.nmi=false",
-                 "model.dim=16", "device=cpu", "loss={name: margin, beta_mode: learned}"]
+                 "model.dim=16", "device=cpu", "loss={name: margin, beta_mode: learned}", "distill={epochs: 1}"]
     first = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "metricsearch",
          "train", "--quiet", "--stop-after-epoch", "1", "--set", *overrides],
@@ -76,10 +76,11 @@ def test_two_process_run_trains_evaluates_and_writes_one_run_dir(tmp_path: Path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert [p.name for p in tmp_path.iterdir()] == ["ddp"]
     rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]  # the third distils
     assert all(r["world_size"] == 2 for r in rows)
     assert 0.0 < rows[-1]["recall_at_k"]["1"] <= 1.0
     summaries = [line for line in resumed.stdout.splitlines() if line.startswith("{")]
-    assert len(summaries) == 1 and json.loads(summaries[0])["epochs"] == 2  # rank 0 alone reports
+    assert len(summaries) == 1 and json.loads(summaries[0])["epochs"] == 3  # rank 0 alone reports
     state = torch.load(tmp_path / "ddp" / "last.pt", weights_only=False)
-    assert state["epoch"] == 2 and float(state["loss"]["beta0"]) != 1.2  # the learned beta moved
+    assert state["epoch"] == 3 and float(state["loss"]["beta0"]) != 1.2  # the learned beta moved
+    assert state["distill_after"] == 2 and (tmp_path / "ddp" / "distill_targets.pt").is_file()

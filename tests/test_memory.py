@@ -126,12 +126,12 @@ def test_bad_memory_configs_exit_2_with_one_line(tmp_path, capsys, overrides, me
     assert len(err) == 1 and message in err[0], err
 
 
-def test_a_run_saved_before_the_memory_section_existed_still_resumes(tmp_path) -> None:
+def test_a_run_saved_before_the_memory_and_distill_sections_existed_still_resumes(tmp_path) -> None:
     import yaml
 
     paused = train(quick_config(tmp_path, "epochs=2"), progress=False, stop_after_epoch=1)
     saved = yaml.safe_load((paused.run_dir / "config.yaml").read_text())
-    del saved["memory"]  # as an older version wrote it
+    del saved["memory"], saved["distill"]  # as an older version wrote it
     (paused.run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
     assert train(quick_config(tmp_path, "epochs=2"), resume=True, progress=False).epochs == 2
     with pytest.raises(ValueError, match=r"\['memory'\]"):  # a real change of the new key is still refused

@@ -136,6 +136,15 @@ class MemoryConfig(Section):
     start_epoch: Annotated[int, _at_least(0)] = 1  # the bank counts from this epoch on (0: from the first step)
 
 
+class DistillConfig(Section):
+    """The `distill` section: epochs after the training's own that pull each image's embedding toward its test-time
+    views' mean (train/distill.py)."""
+
+    epochs: Annotated[int, _at_least(0)] = 0  # 0: no distillation
+    weight: Annotated[float, Field(ge=0.0)] = 10.0  # of the mean 1 - cosine to the targets, beside the loss
+    lr: Annotated[float, Field(gt=0.0)] = 0.0002  # every parameter group's rate, falling by a cosine to 1% of it
+
+
 class LoggingConfig(Section):
     """The `logging` section: where a run's numbers go besides metrics.jsonl."""
 
@@ -176,9 +185,15 @@ class TrainConfig(Section):
     # computed once, before the first epoch; every step then runs only the trainable rest on one of them
     trunk_cache: Annotated[int, _at_least(0)] = 0
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: Count = 50
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @property
+    def all_epochs(self) -> int:
+        """The epochs a run trains: its own, then the distillation's."""
+        return self.epochs + self.distill.epochs
 
     def component(self, section: str) -> tuple[str | None, dict[str, Any]]:
         """(name, parameters) of a `{name: ..., **params}` section such as loss, sampler or miner."""
@@ -322,12 +337,14 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     missing = [key for key in DEFAULTS if key not in config]
     if missing:
         raise ValueError(f"the config lacks key(s) {', '.join(missing)}; build it with load_config")
-    for section in ("model", "eval", "logging", *SECTIONS):
+    for section in ("model", "eval", "logging", "memory", "distill", *SECTIONS):
         if not isinstance(config[section], dict) and not (section in OPTIONAL and config[section] is None):
             raise ValueError(f"config key {section} must be a mapping, got {config[section]!r}")
     check_model(config["model"])
     check_keys(config["eval"], EvalConfig.model_fields, "eval.")
     check_keys(config["logging"], LoggingConfig.model_fields, "logging.")
+    check_keys(config["memory"], MemoryConfig.model_fields, "memory.")
+    check_keys(config["distill"], DistillConfig.model_fields, "distill.")
     for section, (registry, passed, own) in SECTIONS.items():
         check_component(config, section, registry, passed, own)
     typed = _validated(TrainConfig, config, "")

@@ -28,6 +28,7 @@ from metricsearch.train.board import Board
 from metricsearch.train.config import DEFAULTS, TrainConfig, typed_config
 from metricsearch.train.context import TrainContext
 from metricsearch.train.dataset import ImageDataset
+from metricsearch.train.distill import TARGETS_FILE, distance_to_targets, distill_optimization, view_targets
 from metricsearch.train.device import amp_dtype, memory_format, resolve_device
 from metricsearch.train.distributed import (
     DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
@@ -46,7 +47,7 @@ from metricsearch.train.whitening import fit_whitening
 PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
 
 #: resuming may change these keys of a run's config (they do not change what it computes)
-RESUMABLE_CHANGES = ("epochs", "log_every", "keep_heap")
+RESUMABLE_CHANGES = ("epochs", "log_every", "keep_heap", "distill")
 
 
 class TrainingError(MetricsearchError):
@@ -96,6 +97,7 @@ class Setup:
     memory: CrossBatchMemory | None = None  # config memory.size > 0: the loss also compares with earlier batches
     layout: torch.memory_format = torch.contiguous_format  # of the model's weights and the batches (memory_format)
     batch_augment: BatchAugment | None = None  # what each step applies to its batch on the device (batch_affine)
+    targets: Tensor | None = None  # in the distillation epochs: each training image's target embedding, on the device
 
 
 @dataclass
@@ -139,8 +141,10 @@ def _train(
         if main:
             _write_metrics(run_dir, state.history)
         board = Board(run_dir) if main and settings.logging.tensorboard else None
-        epochs = settings.epochs
+        epochs = settings.all_epochs
         for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
+            if epoch == settings.epochs:
+                start_distillation(setup, run_dir, write=main)
             row = train_epoch(setup, epoch, run_dir, progress and main)
             if not main:
                 state.history.append(row)
@@ -206,6 +210,17 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
                  None if cache is not None else on_batch)  # with a trunk cache, the views hold it already
 
 
+def start_distillation(setup: Setup, run_dir: Path, write: bool = True) -> None:
+    """Turn the setup to its distillation epochs: a fresh optimizer and schedule, and the targets of the model as it
+    is now (saved in the run directory if `write`)."""
+    config = setup.config
+    setup.optimizer, setup.scheduler = distill_optimization(config, setup.model, setup.loss, len(setup.sampler))
+    targets = view_targets(setup.model, setup.split.train, config.eval.batch_size)
+    if write:
+        _save(targets, run_dir / TARGETS_FILE)
+    setup.targets = targets.to(setup.device)
+
+
 def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
                  miner: Callable[..., Mined] | None, weighting: Weighting | None, dim: int) -> CrossBatchMemory | None:
     """The cross-batch memory the `memory` section asks for (None for size 0), checked against the components."""
@@ -252,7 +267,7 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     setup.sampler.set_epoch(epoch)
     loader = epoch_batches(setup, epoch_seed)
     setup.model.train()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=None if progress else True,
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.all_epochs}", disable=None if progress else True,
                unit="batch", leave=False, total=len(setup.sampler))
     total = torch.zeros((), dtype=torch.float64, device=setup.device)
     t0, seen, steps, checked = time.perf_counter(), 0, 0, 0
@@ -311,6 +326,8 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
     parts = setup.model.member_embeddings(emb)  # an ensemble's members: each its own loss
     loss = sum(compute(part, labels, mined=mined, weighting=setup.weighting, indices=indices) for part in parts)
     loss = loss / len(parts)
+    if setup.targets is not None:
+        loss = loss + setup.config.distill.weight * distance_to_targets(emb, setup.targets[indices])
     setup.optimizer.zero_grad(set_to_none=True)
     setup.scaler.scale(loss).backward()
     setup.scaler.step(setup.optimizer)
@@ -349,6 +366,7 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
         **setup.model.checkpoint(), "loss": setup.loss.state_dict(), "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
         **({"memory": setup.memory.state_dict()} if setup.memory is not None else {}),
+        **({"distill_after": config.epochs} if setup.targets is not None else {}),  # the run's own epochs
         "epoch": len(state.history), "history": state.history, "best_recall_at_1": state.best_recall_at_1,
         "config": config.model_dump(mode="json"), "class_names": setup.split.test.class_names,
         "data_notes": setup.split.notes,
@@ -361,8 +379,21 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
 def restore(setup: Setup, run_dir: Path) -> RunState:
     """Load the run's last.pt into the setup's model, loss and optimisation; what the run had done."""
     state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
+    own, done = setup.config.epochs, len(state["history"])
+    after = state.get("distill_after")  # the run's own epochs, once it distils
+    if after is not None and after != own or after is None and done > own and setup.config.distill.epochs:
+        raise ValueError(f"--resume: the run trained {after or done} epochs of its own, which its distillation "
+                         f"follows; set epochs: {after or done}")
     setup.model.load_state_dict(state["model"])
     setup.loss.load_state_dict(state["loss"])
+    if "distill_after" in state:
+        setup.optimizer, setup.scheduler = distill_optimization(setup.config, setup.model, setup.loss,
+                                                                len(setup.sampler))
+        targets = run_dir / TARGETS_FILE
+        if not targets.is_file():
+            raise FileNotFoundError(f"--resume: {targets}, the distillation's targets, is gone; train the run again "
+                                    "(--overwrite)")
+        setup.targets = torch.load(targets, map_location="cpu", weights_only=True).to(setup.device)
     setup.optimizer.load_state_dict(state["optimizer"])
     setup.scheduler.load_state_dict(state["scheduler"])
     setup.scaler.load_state_dict(state["scaler"])
@@ -381,7 +412,7 @@ def _evaluate(model: Embedder, split: DataSplit, config: TrainConfig) -> dict[st
     return evaluate_split(embed, split, ev.recall_k, ev.nmi, ev.one_shot_ways)
 
 
-def _save(obj: dict[str, Any], path: Path) -> None:
+def _save(obj: Any, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
     os.replace(tmp, path)
