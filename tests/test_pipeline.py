@@ -54,6 +54,22 @@ def test_training_plot_ticks_whole_epochs_on_both_panels(epochs, evaluated) -> N
     plt.close(fig)
 
 
+def test_training_plot_shades_the_distillation_epochs_on_both_panels() -> None:
+    import matplotlib.pyplot as plt
+
+    from metricsearch.train.plots import training_figure
+
+    history = [{"epoch": e, "loss": 1 / e, **({"phase": "distill"} if e > 4 else {})} for e in range(1, 7)]
+    fig = training_figure(history)
+    for ax in fig.axes:
+        spans = [p.get_x() for p in ax.patches]
+        assert spans == [4.5] and ax.patches[0].get_width() == 2, (ax.get_title(), spans)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["distillation (loss + weight x distance)"]
+    plt.close(fig)
+    assert not training_figure(history[:4]).axes[0].patches
+    plt.close("all")
+
+
 def test_export_then_evaluate_reproduces_trainer_recall(digits_run, tmp_path, capsys) -> None:
     onnx_path = tmp_path / "digits.onnx"
     assert main(["export", str(digits_run.run_dir), "--out", str(onnx_path)]) == 0

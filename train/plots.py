@@ -8,7 +8,7 @@ from typing import Any
 
 def training_figure(history: list[dict[str, Any]], title: str = "") -> Any:
     """A two-panel matplotlib figure (train loss, test Recall@1 per epoch) of metrics.jsonl rows; both
-    panels span every epoch and tick whole epochs only."""
+    panels span every epoch, tick whole epochs only and shade the distillation's epochs (rows with phase: distill)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,7 +22,12 @@ def training_figure(history: list[dict[str, Any]], title: str = "") -> Any:
     evals = [row for row in history if row.get("recall_at_k")]
     ax_r1.plot([r["epoch"] for r in evals], [r["recall_at_k"][1] for r in evals], marker="o", color="tab:green")
     ax_r1.set(xlabel="epoch", ylabel="Recall@1 (test classes)", title="Recall@1", ylim=(0, 1.02))
+    distilled = [row["epoch"] for row in history if row.get("phase") == "distill"]
     for ax in (ax_loss, ax_r1):
+        if distilled:  # their loss adds the distance to the targets
+            ax.axvspan(min(distilled) - 0.5, max(distilled) + 0.5, color="tab:orange", alpha=0.15,
+                       label="distillation (loss + weight x distance)")
+            ax.legend(loc="best", fontsize="small")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
         if epochs:  # the same span on both panels, even where one epoch was evaluated

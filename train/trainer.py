@@ -253,7 +253,7 @@ def build_components(
 
 
 def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False) -> dict[str, Any]:
-    """One pass over the sampler's batches; its metrics row (mean loss, images/s).
+    """One pass over the sampler's batches; its metrics row (mean loss, images/s; phase: distill in the distillation).
 
     With a trunk cache the batches are cached trunk outputs (one random view per image), not images.
     The loss is summed on the device and read back (and checked for NaN or inf) only every
@@ -283,7 +283,8 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
     bar.close()
     mean = finite_mean(total, steps, checked, epoch, run_dir)
     return {"epoch": epoch + 1, "loss": mean, "images_per_s": seen / (time.perf_counter() - t0),
-            "lr": setup.scheduler.get_last_lr()[0], "world_size": setup.dist.world_size}
+            "lr": setup.scheduler.get_last_lr()[0], "world_size": setup.dist.world_size,
+            **({"phase": "distill"} if setup.targets is not None else {})}
 
 
 def epoch_batches(setup: Setup, seed: int) -> Iterable[tuple[Tensor, Tensor, Tensor]]:
