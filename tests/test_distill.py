@@ -4,6 +4,8 @@ in tests/test_config.py."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -83,3 +85,13 @@ def test_distilling_brings_the_plain_embeddings_toward_the_targets(tmp_path) -> 
 
     pulled, free = distance("pulled", 10.0), distance("free", 0.0)
     assert pulled < 0.5 * free, (pulled, free)
+
+
+@pytest.mark.parametrize("extra", [["model.members=2"], ["memory={size: 32, start_epoch: 0}"]])
+def test_a_distillation_trains_beside_members_and_a_cross_batch_memory(tmp_path, extra) -> None:
+    result = train(quick_config(tmp_path, *VIEWS, "distill={epochs: 1}", *extra), progress=False)
+    rows = result.run_dir / "metrics.jsonl"
+    phases = [json.loads(line).get("phase") for line in rows.read_text().splitlines()]
+    assert phases == [None, None, "distill"] and np.isfinite(result.last_metrics["loss"])
+    targets = torch.load(result.run_dir / TARGETS_FILE, weights_only=True)
+    assert targets.shape[1] == load_embedder(result.run_dir / "last.pt").part_dim

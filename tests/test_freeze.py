@@ -109,7 +109,7 @@ def digit_folder(root: Path, classes: int = 5, per_class: int = 8) -> Path:
     return root
 
 
-def test_training_on_the_trunk_cache_learns_leaves_the_trunk_and_resumes_exactly(tmp_path) -> None:
+def test_training_on_the_trunk_cache_learns_leaves_the_trunk_and_resumes_exactly_distilled_too(tmp_path) -> None:
     torch.manual_seed(0)
     data = digit_folder(tmp_path / "digits")
     weights = tmp_path / "lite0.pt"
@@ -118,7 +118,7 @@ def test_training_on_the_trunk_cache_learns_leaves_the_trunk_and_resumes_exactly
     overrides = [f"model={model}", "trunk_cache=2", "epochs=2", "batches_per_epoch=2", "augment={name: crop_flip}",
                  f"dataset=folder:{data}", "split_classes=0.6",
                  "sampler={name: group, classes_per_batch: 3, images_per_class: 4}",
-                 f"output_dir={tmp_path}", "eval.nmi=false", "optimizer.lr=0.01"]
+                 f"output_dir={tmp_path}", "eval.nmi=false", "optimizer.lr=0.01", "distill={epochs: 1}"]
     straight = train(load_config("digits", [*overrides, "name=straight"]), progress=False)
     train(load_config("digits", [*overrides, "name=paused"]), progress=False, stop_after_epoch=1)
     resumed = train(load_config("digits", [*overrides, "name=paused"]), progress=False, resume=True)
@@ -131,6 +131,7 @@ def test_training_on_the_trunk_cache_learns_leaves_the_trunk_and_resumes_exactly
             if a.requires_grad]
     assert tail and not any(torch.equal(a, b) for a, b in tail)
     assert state["model_config"]["freeze"] == 5 and 0 < straight.last_metrics["recall_at_k"][1] <= 1
+    assert state["distill_after"] == 2 and straight.last_metrics["phase"] == "distill"  # distilled on the cache
 
 
 def test_with_a_trunk_cache_the_batch_augmentation_warps_the_cached_views_not_the_steps(tmp_path) -> None:

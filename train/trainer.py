@@ -46,7 +46,8 @@ from metricsearch.train.whitening import fit_whitening
 #: a test hook: set to N, training says "paused before step N" on stderr and waits for a signal (e.g. Ctrl-C) there
 PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
 
-#: resuming may change these keys of a run's config (they do not change what it computes)
+#: resuming may change these keys of a run's config: how long it trains (its own epochs, then the distillation's)
+#: and how it logs and keeps freed memory
 RESUMABLE_CHANGES = ("epochs", "log_every", "keep_heap", "distill")
 
 
@@ -382,7 +383,7 @@ def restore(setup: Setup, run_dir: Path) -> RunState:
     state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
     own, done = setup.config.epochs, len(state["history"])
     after = state.get("distill_after")  # the run's own epochs, once it distils
-    if after is not None and after != own or after is None and done > own and setup.config.distill.epochs:
+    if (after is not None and after != own) or (after is None and done > own and setup.config.distill.epochs):
         raise ValueError(f"--resume: the run trained {after or done} epochs of its own, which its distillation "
                          f"follows; set epochs: {after or done}")
     setup.model.load_state_dict(state["model"])
