@@ -216,6 +216,9 @@ SECTIONS: dict[str, tuple[Registry[Any], tuple[str, ...], tuple[str, ...]]] = {
     "schedule": (SCHEDULES, ("steps_per_epoch", "epochs"), ()),
     "augment": (AUGMENTATIONS, AUGMENT_CONTEXT, ()),
 }
+#: the sections of fixed keys besides `model` (whose keys check_model checks)
+PLAIN_SECTIONS: dict[str, type[Section]] = {"eval": EvalConfig, "logging": LoggingConfig, "memory": MemoryConfig,
+                                            "distill": DistillConfig}
 #: sections whose component may be left out (name: null)
 OPTIONAL = ("miner", "weighting")
 #: what a user may mean by a top-level key that does not exist
@@ -337,14 +340,12 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     missing = [key for key in DEFAULTS if key not in config]
     if missing:
         raise ValueError(f"the config lacks key(s) {', '.join(missing)}; build it with load_config")
-    for section in ("model", "eval", "logging", "memory", "distill", *SECTIONS):
+    for section in ("model", *PLAIN_SECTIONS, *SECTIONS):
         if not isinstance(config[section], dict) and not (section in OPTIONAL and config[section] is None):
             raise ValueError(f"config key {section} must be a mapping, got {config[section]!r}")
     check_model(config["model"])
-    check_keys(config["eval"], EvalConfig.model_fields, "eval.")
-    check_keys(config["logging"], LoggingConfig.model_fields, "logging.")
-    check_keys(config["memory"], MemoryConfig.model_fields, "memory.")
-    check_keys(config["distill"], DistillConfig.model_fields, "distill.")
+    for section, schema in PLAIN_SECTIONS.items():
+        check_keys(config[section], schema.model_fields, f"{section}.")
     for section, (registry, passed, own) in SECTIONS.items():
         check_component(config, section, registry, passed, own)
     typed = _validated(TrainConfig, config, "")

@@ -11,6 +11,7 @@ from metricsearch.data import ImageSet
 from metricsearch.models.torch_embedder import Embedder
 from metricsearch.train.config import TrainConfig
 from metricsearch.train.optim import build_optimizer, build_schedule
+from metricsearch.train.whitening import own_embeddings
 
 #: the targets of a run's distillation epochs, in its run directory (a resumed distillation needs them)
 TARGETS_FILE = "distill_targets.pt"
@@ -21,22 +22,10 @@ def distance_to_targets(embeddings: Tensor, targets: Tensor) -> Tensor:
     return (1 - F.cosine_similarity(embeddings, targets, dim=1)).mean()
 
 
-@torch.no_grad()
 def view_targets(model: Embedder, images: ImageSet, batch_size: int = 256) -> Tensor:
     """Each image's L2-normalised embedding with the model's test-time shifts and rotations, without its whitening or
     symmetric copies (N x part_dim float32, on the CPU); the model is left as it was."""
-    whitening = model.whitening.clone() if model.whiten else None
-    symmetries = model.tta_symmetries
-    try:
-        if whitening is not None:
-            model.set_whitening(torch.eye(model.part_dim))
-        model.set_views(model.tta_shifts, model.tta_rotations)
-        embeddings = torch.from_numpy(model.embed_set(images, batch_size=batch_size))
-    finally:
-        model.set_views(model.tta_shifts, model.tta_rotations, symmetries)
-        if whitening is not None:
-            model.set_whitening(whitening)
-    return F.normalize(embeddings.float(), dim=1)
+    return F.normalize(torch.from_numpy(own_embeddings(model, images, batch_size)).float(), dim=1)
 
 
 def distill_optimization(

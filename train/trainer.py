@@ -211,14 +211,15 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
                  None if cache is not None else on_batch)  # with a trunk cache, the views hold it already
 
 
-def start_distillation(setup: Setup, run_dir: Path, write: bool = True) -> None:
-    """Turn the setup to its distillation epochs: a fresh optimizer and schedule, and the targets of the model as it
-    is now (saved in the run directory if `write`)."""
+def start_distillation(setup: Setup, run_dir: Path, write: bool = True, targets: Tensor | None = None) -> None:
+    """Turn the setup to its distillation epochs: a fresh optimizer and schedule, and the targets given (a resumed
+    run's), else those of the model as it is now (saved in the run directory if `write`)."""
     config = setup.config
     setup.optimizer, setup.scheduler = distill_optimization(config, setup.model, setup.loss, len(setup.sampler))
-    targets = view_targets(setup.model, setup.split.train, config.eval.batch_size)
-    if write:
-        _save(targets, run_dir / TARGETS_FILE)
+    if targets is None:
+        targets = view_targets(setup.model, setup.split.train, config.eval.batch_size)
+        if write:
+            _save(targets, run_dir / TARGETS_FILE)
     setup.targets = targets.to(setup.device)
 
 
@@ -389,13 +390,11 @@ def restore(setup: Setup, run_dir: Path) -> RunState:
     setup.model.load_state_dict(state["model"])
     setup.loss.load_state_dict(state["loss"])
     if "distill_after" in state:
-        setup.optimizer, setup.scheduler = distill_optimization(setup.config, setup.model, setup.loss,
-                                                                len(setup.sampler))
         targets = run_dir / TARGETS_FILE
         if not targets.is_file():
             raise FileNotFoundError(f"--resume: {targets}, the distillation's targets, is gone; train the run again "
                                     "(--overwrite)")
-        setup.targets = torch.load(targets, map_location="cpu", weights_only=True).to(setup.device)
+        start_distillation(setup, run_dir, targets=torch.load(targets, map_location="cpu", weights_only=True))
     setup.optimizer.load_state_dict(state["optimizer"])
     setup.scheduler.load_state_dict(state["scheduler"])
     setup.scaler.load_state_dict(state["scaler"])

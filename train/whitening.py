@@ -22,18 +22,29 @@ def whitening_matrix(embeddings: np.ndarray, labels: np.ndarray, power: float) -
     return (vectors * values ** -power) @ vectors.T
 
 
+def own_embeddings(model: Embedder, images: ImageSet, batch_size: int = 64) -> np.ndarray:
+    """Each image's own embedding with the model's test-time shifts and rotations, without its whitening or symmetric
+    copies (N x part_dim); the model is left as it was."""
+    whitening = model.whitening.clone() if model.whiten else None
+    symmetries = model.tta_symmetries
+    try:
+        if whitening is not None:
+            model.set_whitening(torch.eye(model.part_dim))
+        model.set_views(model.tta_shifts, model.tta_rotations)
+        return model.embed_set(images, batch_size=batch_size)
+    finally:
+        model.set_views(model.tta_shifts, model.tta_rotations, symmetries)
+        if whitening is not None:
+            model.set_whitening(whitening)
+
+
 def fit_whitening(model: Embedder, images: ImageSet, batch_size: int = 64) -> None:
     """Fit the whitening of a model built with `whiten` on these images and their classes, and set it.
     `batch_size` images (each with its test views) are embedded at once: 64 keeps the memory of a training batch."""
     if not model.whiten:
         raise ValueError("fit_whitening needs a model built with whiten > 0 (model.whiten)")
-    model.set_whitening(torch.eye(model.part_dim))
-    symmetries = model.tta_symmetries  # fit on the images' own embeddings: every symmetric copy shares the matrix
-    model.set_views(model.tta_shifts, model.tta_rotations)
-    try:
-        embeddings = model.embed_set(images, batch_size=batch_size)
-    finally:
-        model.set_views(model.tta_shifts, model.tta_rotations, symmetries)
+    # fit on the images' own embeddings: every symmetric copy shares the matrix
+    embeddings = own_embeddings(model, images, batch_size)
     matrix = whitening_matrix(embeddings, np.asarray(images.labels), model.whiten)
     model.set_whitening(torch.from_numpy(matrix).float())
 
