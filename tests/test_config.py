@@ -183,7 +183,8 @@ def _train(cwd, *args: str) -> subprocess.CompletedProcess:
     (["--set", "augment={name: batch_affine, scale: [1.2, 1.0]}"],
      "batch_affine: scale must be [low, high] with 0 < low <= high, got [1.2, 1.0]"),
     (["--set", "distill.epoch=2"], "unknown config key distill.epoch (did you mean distill.epochs?); distill accepts: "
-                                   "epochs, weight, lr"),
+                                   "epochs, weight, lr, shifts, rotations"),
+    (["--set", "distill.shifts=[[0, 0], [3]]"], "config key distill.shifts[1]: has too few items, got [3]"),
     (["--set", "distill.lr=0"], "config key distill.lr must be greater than 0, got 0"),
     (["--set", "distill.weight=-1"], "config key distill.weight must be greater than or equal to 0, got -1"),
     (["--set", "batch_size=64"], "unknown config key batch_size; a training batch is sampler.classes_per_batch x "

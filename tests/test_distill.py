@@ -54,6 +54,22 @@ def test_the_targets_are_the_views_mean_unwhitened_and_the_model_is_left_as_it_w
     assert targets.shape == (40, 8)
     assert torch.equal(model.whitening, matrix) and model.tta_symmetries == ["transpose"]
     assert model.dim == 16 and model.config == build_embedder(config).config
+    views = ([[0, 0], [1, -1], [-2, 0]], [-10.0, 10.0])  # other views than the test's (distill.shifts, rotations)
+    plain.set_views(*views)
+    wider = view_targets(model, images, batch_size=16, views=views)
+    torch.testing.assert_close(wider, F.normalize(torch.from_numpy(plain.embed_set(images)), dim=1),
+                               rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(wider, targets, atol=1e-3) and model.config == build_embedder(config).config
+
+
+def test_the_trainer_takes_the_targets_with_the_distill_sections_views(tmp_path) -> None:
+    finished = train(quick_config(tmp_path, *VIEWS), progress=False)  # its own epochs; the distillation added next
+    model = load_embedder(finished.run_dir / "last.pt")
+    views = "distill={epochs: 1, shifts: [[0, 0], [3, 0], [0, -3]], rotations: [-20, 20]}"
+    expected = view_targets(model, load_split("digits").train, views=([[0, 0], [3, 0], [0, -3]], [-20, 20]))
+    result = train(quick_config(tmp_path, *VIEWS, views), resume=True, progress=False)
+    torch.testing.assert_close(torch.load(result.run_dir / TARGETS_FILE, weights_only=True), expected,
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_a_distillation_resumes_exactly_and_equals_one_added_to_a_finished_run(tmp_path) -> None:

@@ -143,6 +143,14 @@ class DistillConfig(Section):
     epochs: Annotated[int, _at_least(0)] = 0  # 0: no distillation
     weight: Annotated[float, Field(ge=0.0)] = 10.0  # of the mean 1 - cosine to the targets, beside the loss
     lr: Annotated[float, Field(gt=0.0)] = 0.0002  # every parameter group's rate, falling by a cosine to 1% of it
+    # the targets' views (null: the model's tta_shifts, tta_rotations); more than the test's cost nothing at test time
+    shifts: list[tuple[int, int]] | None = None
+    rotations: list[float] | None = None
+
+    def views(self, model: ModelConfig) -> tuple[list[tuple[int, int]], list[float]]:
+        """The targets' shifts and rotations: this section's, else the model's test-time views."""
+        return (model.tta_shifts if self.shifts is None else self.shifts,
+                model.tta_rotations if self.rotations is None else self.rotations)
 
 
 class LoggingConfig(Section):
@@ -379,6 +387,8 @@ def _validated(schema: type[BaseModel], values: dict[str, Any], where: str) -> A
                 key[-1] += f"[{part}]"
                 value = value[part]
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "missing" and isinstance(value, (list, tuple)):  # a pair given one number
+            message = "has too few items"
         if message.startswith("Input should be "):  # keep a choice's every option, drop a type's ", unable to ..."
             expected = message.removeprefix("Input should be ")
             message = "must be " + (expected if error["type"] == "literal_error" else expected.split(",")[0])

@@ -3,6 +3,8 @@ embedding toward a fixed target, the mean of its test-time views' embeddings whe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,10 +24,12 @@ def distance_to_targets(embeddings: Tensor, targets: Tensor) -> Tensor:
     return (1 - F.cosine_similarity(embeddings, targets, dim=1)).mean()
 
 
-def view_targets(model: Embedder, images: ImageSet, batch_size: int = 256) -> Tensor:
-    """Each image's L2-normalised embedding with the model's test-time shifts and rotations, without its whitening or
-    symmetric copies (N x part_dim float32, on the CPU); the model is left as it was."""
-    return F.normalize(torch.from_numpy(own_embeddings(model, images, batch_size)).float(), dim=1)
+def view_targets(model: Embedder, images: ImageSet, batch_size: int = 256,
+                 views: tuple[Sequence[Sequence[int]], Sequence[float]] | None = None) -> Tensor:
+    """Each image's L2-normalised embedding with the model's test-time shifts and rotations (or these `views`:
+    shifts, rotations), without its whitening or symmetric copies (N x part_dim float32, on the CPU); the model is
+    left as it was."""
+    return F.normalize(torch.from_numpy(own_embeddings(model, images, batch_size, views)).float(), dim=1)
 
 
 def distill_optimization(

@@ -217,7 +217,8 @@ def start_distillation(setup: Setup, run_dir: Path, write: bool = True, targets:
     config = setup.config
     setup.optimizer, setup.scheduler = distill_optimization(config, setup.model, setup.loss, len(setup.sampler))
     if targets is None:
-        targets = view_targets(setup.model, setup.split.train, config.eval.batch_size)
+        targets = view_targets(setup.model, setup.split.train, config.eval.batch_size,
+                               config.distill.views(config.model))
         if write:
             _save(targets, run_dir / TARGETS_FILE)
     setup.targets = targets.to(setup.device)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -22,18 +24,19 @@ def whitening_matrix(embeddings: np.ndarray, labels: np.ndarray, power: float) -
     return (vectors * values ** -power) @ vectors.T
 
 
-def own_embeddings(model: Embedder, images: ImageSet, batch_size: int = 64) -> np.ndarray:
-    """Each image's own embedding with the model's test-time shifts and rotations, without its whitening or symmetric
-    copies (N x part_dim); the model is left as it was."""
+def own_embeddings(model: Embedder, images: ImageSet, batch_size: int = 64,
+                   views: tuple[Sequence[Sequence[int]], Sequence[float]] | None = None) -> np.ndarray:
+    """Each image's own embedding with the model's test-time shifts and rotations (or these `views`: shifts,
+    rotations), without its whitening or symmetric copies (N x part_dim); the model is left as it was."""
     whitening = model.whitening.clone() if model.whiten else None
-    symmetries = model.tta_symmetries
+    shifts, rotations, symmetries = model.tta_shifts, model.tta_rotations, model.tta_symmetries
     try:
         if whitening is not None:
             model.set_whitening(torch.eye(model.part_dim))
-        model.set_views(model.tta_shifts, model.tta_rotations)
+        model.set_views(*(views or (shifts, rotations)))
         return model.embed_set(images, batch_size=batch_size)
     finally:
-        model.set_views(model.tta_shifts, model.tta_rotations, symmetries)
+        model.set_views(shifts, rotations, symmetries)
         if whitening is not None:
             model.set_whitening(whitening)
 
