@@ -24,11 +24,12 @@ def distance_to_targets(embeddings: Tensor, targets: Tensor) -> Tensor:
     return (1 - F.cosine_similarity(embeddings, targets, dim=1)).mean()
 
 
-def view_targets(model: Embedder, images: ImageSet, batch_size: int = 256,
+def view_targets(model: Embedder, images: ImageSet, batch_size: int = 64,
                  views: tuple[Sequence[Sequence[int]], Sequence[float]] | None = None) -> Tensor:
     """Each image's L2-normalised embedding with the model's test-time shifts and rotations (or these `views`:
     shifts, rotations), without its whitening or symmetric copies (N x part_dim float32, on the CPU); the model is
-    left as it was."""
+    left as it was. `batch_size` images (each with its views) are embedded at once: 64 keeps a training batch's
+    memory."""
     return F.normalize(torch.from_numpy(own_embeddings(model, images, batch_size, views)).float(), dim=1)
 
 

@@ -217,8 +217,7 @@ def start_distillation(setup: Setup, run_dir: Path, write: bool = True, targets:
     config = setup.config
     setup.optimizer, setup.scheduler = distill_optimization(config, setup.model, setup.loss, len(setup.sampler))
     if targets is None:
-        targets = view_targets(setup.model, setup.split.train, config.eval.batch_size,
-                               config.distill.views(config.model))
+        targets = view_targets(setup.model, setup.split.train, views=config.distill.views(config.model))
         if write:
             _save(targets, run_dir / TARGETS_FILE)
     setup.targets = targets.to(setup.device)
