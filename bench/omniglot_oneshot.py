@@ -43,12 +43,16 @@ import numpy as np
 import yaml
 from scipy import stats
 
-from metricsearch.data import ImageSet, load_split
+from metricsearch.data import DataSplit, ImageSet, load_split
 from metricsearch.evaluation.metrics import check_center
 from metricsearch.evaluation.oneshot import episode_errors, mean_ci
 from metricsearch.models import PixelEmbedder
-from metricsearch.models.torch_embedder import load_embedder
+from metricsearch.models.onnx_embedder import OnnxEmbedder
+from metricsearch.models.torch_embedder import Embedder, load_embedder
 from metricsearch.train.config import load_config
+from metricsearch.train.export import export_onnx
+from metricsearch.train.quantize import quantize_onnx
+from metricsearch.train.runs import sample_batch
 from metricsearch.train.trainer import train
 from metricsearch.train.whitening import whitened
 from results_files import write_results
@@ -112,23 +116,34 @@ def score(x: np.ndarray, test: ImageSet, episodes: int, center: float = 0.0) -> 
                                      center=center) for protocol in ("within_alphabet", "across_alphabets")}
 
 
-def twin_labels(views: dict[str, Any], center: float, whiten: float = 0.0) -> list[str]:
-    """The labels of a recipe's twin rows: `no TTA` and the other views, then `centred C` with a center and
-    `whitened P` with a whitening power."""
-    return [*views, *([f"centred {center:g}"] if center else []), *([f"whitened {whiten:g}"] if whiten else [])]
+def twin_labels(views: dict[str, Any], center: float, whiten: float = 0.0, int8: bool = False) -> list[str]:
+    """The labels of a recipe's twin rows: `no TTA` and the other views, then `centred C` with a center,
+    `whitened P` with a whitening power and `int8` for an int8 copy."""
+    return [*views, *([f"centred {center:g}"] if center else []), *([f"whitened {whiten:g}"] if whiten else []),
+            *(["int8"] if int8 else [])]
+
+
+def int8_embeddings(model: Embedder, split: DataSplit, folder: Path) -> np.ndarray:
+    """The test drawings embedded by an int8 ONNX copy of `model` (train/quantize.py), calibrated on the training
+    drawings; both graphs are written to `folder`."""
+    f32, copy = folder / "bench_float32.onnx", folder / "bench_int8.onnx"
+    export_onnx(model, f32, sample_batch(model.preprocessing, split.test, 32), overwrite=True)
+    quantize_onnx(f32, copy, split.train, overwrite=True)
+    return OnnxEmbedder(copy, device="cpu").embed_set(split.test)
 
 
 def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: list[str], scale: float = 1.0,
         keep: Path | None = None, ref: str = "current",
         views: dict[str, dict[str, list]] | None = None, reuse: bool = False,
         center: float = 0.0, ensembles: dict[str, list[str]] | None = None,
-        whiten: float = 0.0) -> list[dict[str, Any]]:
+        whiten: float = 0.0, int8: bool = False) -> list[dict[str, Any]]:
     """Train and score every recipe fold by fold; recipes with test-time views also get one twin row per
     entry of `views` (label -> {"shifts": [[dx, dy], ...], "rotations": [degrees, ...], "symmetries": [names]};
     `no TTA` = none): the same weights scored with those views (a whitened recipe's matrix fit again with them, as
     its training would); with `center`, every recipe also gets a twin row `centred C` (C = `center`): its own
     embeddings scored with episodes centred on their support images; with `whiten` P, a twin row `whitened P`: the
-    same weights whitened (train/whitening.py, power P) on the fold's training alphabets.
+    same weights whitened (train/whitening.py, power P) on the fold's training alphabets; with `int8`, a twin row
+    `int8`: the recipe's int8 ONNX copy (`metricsearch quantize`, calibrated on the fold's training alphabets).
     With `reuse`, a run already finished in `keep` under the same config (test-time views aside) is scored
     with the recipe's views, not trained again. `ensembles` (label -> member recipes) adds a row per label: the
     members' L2-normalised embeddings side by side, over the square root of their number (the mean of their
@@ -155,6 +170,10 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
     twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
                               "what": f"same weights, whitened with power {whiten:g} on the training alphabets"}
               for name, row in zip(recipes, trained) for label in white}
+    quantized = twin_labels({}, 0.0, 0.0, int8)
+    twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
+                              "what": "same weights, an int8 ONNX copy calibrated on the training alphabets"}
+              for name, row in zip(recipes, trained) for label in quantized}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
         # fold by fold: a stopped run still compares recipes on whole folds
@@ -190,6 +209,10 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                     twins[name, label]["epochs"] = config["epochs"]
                     white_model = whitened(model, split.train, whiten)
                     twins[name, label]["errors"][fold] = score(white_model.embed_set(split.test), split.test, episodes)
+                for label in quantized:
+                    twins[name, label]["epochs"] = config["epochs"]
+                    x8 = int8_embeddings(model, split, result.run_dir)
+                    twins[name, label]["errors"][fold] = score(x8, split.test, episodes)
                 tta = model.tta_shifts or model.tta_rotations or model.tta_symmetries
                 for label, spec in views.items() if tta else ():
                     model.set_views(spec["shifts"], spec["rotations"], spec["symmetries"])
@@ -211,7 +234,7 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
                        *(t for t in twins.values() if t["errors"])]
             print(table(summarise(partial, ref), episodes, ref), file=sys.stderr, flush=True)
     for name, row in zip(recipes, trained):
-        rows += [row, *(twins[name, label] for label in twin_labels(views, center, whiten)
+        rows += [row, *(twins[name, label] for label in twin_labels(views, center, whiten, int8)
                         if twins[name, label]["errors"])]
     return rows + combined
 
@@ -317,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--whiten", type=float, default=0.0, metavar="P",
                         help="also score every recipe whitened (model.whiten: P in (0, 1]) on its fold's training "
                              "alphabets, the same weights (train/whitening.py)")
+    parser.add_argument("--int8", action="store_true",
+                        help="also score every recipe's int8 ONNX copy (metricsearch quantize), calibrated on its "
+                             "fold's training alphabets")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
     parser.add_argument("--reuse", action="store_true",
                         help="score runs already finished in --keep under the same config instead of training "
@@ -384,11 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.whiten <= 1:
         parser.error(f"--whiten: give a power in (0, 1], got {args.whiten:g}")
     rows = run(recipes, args.data, args.episodes, args.set, args.folds, args.scale, args.keep, args.ref, views,
-               args.reuse, args.center, ensembles, args.whiten)
+               args.reuse, args.center, ensembles, args.whiten, args.int8)
     summary = summarise(rows, args.ref)
     text = table(summary, args.episodes, args.ref)
     if args.seeds > 1 and args.ref in seeds:
-        labels = ["", *(f", {label}" for label in twin_labels({"no TTA": {}, **views}, args.center, args.whiten))]
+        labels = ["", *(f", {label}" for label in twin_labels({"no TTA": {}, **views}, args.center, args.whiten,
+                                                                      args.int8))]
         text += "\n\n" + seed_table([*earlier, *summary], {f"{name}{label}": [f"{m}{label}" for m in members]
                                                for name, members in seeds.items() for label in labels}, args.ref)
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
