@@ -155,25 +155,22 @@ def run(recipes: list[str], data: Path, episodes: int, extra: list[str], folds: 
     rows.append({"recipe": "pixels", "what": "raw 28x28 pixels, no training", "train_s": {},
                  "errors": {fold: score(pixels.embed_set(s.test), s.test, episodes) for fold, s in splits.items()}})
     trained = [{"recipe": name, "what": RECIPES[name][2], "train_s": {}, "load": {}, "errors": {}} for name in recipes]
-    twins = {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
-                             "what": f"same weights, test-time views {spec if any(spec.values()) else 'off'}"}
-             for name, row in zip(recipes, trained) for label, spec in views.items()}
     ensembles = ensembles or {}
     joined = {m for names in ensembles.values() for m in names}  # the rows whose embeddings an ensemble joins
     combined = [{"recipe": label, "what": f"ensemble of {' + '.join(members)}", "train_s": {}, "errors": {}}
                 for label, members in ensembles.items()]
     centred = twin_labels({}, center)  # one label with a center, none without
-    twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
-                              "what": f"same embeddings, episodes centred by {center:g} x the support mean"}
-              for name, row in zip(recipes, trained) for label in centred}
     white = twin_labels({}, 0.0, whiten)
-    twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
-                              "what": f"same weights, whitened with power {whiten:g} on the training alphabets"}
-              for name, row in zip(recipes, trained) for label in white}
     quantized = twin_labels({}, 0.0, 0.0, int8)
-    twins |= {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {},
-                              "what": "same weights, an int8 ONNX copy calibrated on the training alphabets"}
-              for name, row in zip(recipes, trained) for label in quantized}
+    kinds = [  # each kind of twin row: its labels and what they say
+        {label: f"same weights, test-time views {spec if any(spec.values()) else 'off'}"
+         for label, spec in views.items()},
+        {label: f"same embeddings, episodes centred by {center:g} x the support mean" for label in centred},
+        {label: f"same weights, whitened with power {whiten:g} on the training alphabets" for label in white},
+        {label: "same weights, an int8 ONNX copy calibrated on the training alphabets" for label in quantized},
+    ]
+    twins = {(name, label): {"recipe": f"{name}, {label}", "train_s": row["train_s"], "errors": {}, "what": what}
+             for kind in kinds for name, row in zip(recipes, trained) for label, what in kind.items()}
     with tempfile.TemporaryDirectory(prefix="omniglot_oneshot_") as tmp:
         out = keep or Path(tmp)
         # fold by fold: a stopped run still compares recipes on whole folds

@@ -3,8 +3,6 @@ embedding toward a fixed target, the mean of its test-time views' embeddings whe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -13,7 +11,7 @@ from metricsearch.data import ImageSet
 from metricsearch.models.torch_embedder import Embedder
 from metricsearch.train.config import TrainConfig
 from metricsearch.train.optim import build_optimizer, build_schedule
-from metricsearch.train.whitening import own_embeddings
+from metricsearch.train.whitening import Views, own_embeddings
 
 #: the targets of a run's distillation epochs, in its run directory (a resumed distillation needs them)
 TARGETS_FILE = "distill_targets.pt"
@@ -25,7 +23,7 @@ def distance_to_targets(embeddings: Tensor, targets: Tensor) -> Tensor:
 
 
 def view_targets(model: Embedder, images: ImageSet, batch_size: int = 64,
-                 views: tuple[Sequence[Sequence[int]], Sequence[float]] | None = None) -> Tensor:
+                 views: Views | None = None) -> Tensor:
     """Each image's L2-normalised embedding with the model's test-time shifts and rotations (or these `views`:
     shifts, rotations), without its whitening or symmetric copies (N x part_dim float32, on the CPU); the model is
     left as it was. `batch_size` images (each with its views) are embedded at once: 64 keeps a training batch's

@@ -10,6 +10,9 @@ import torch
 from metricsearch.data import ImageSet
 from metricsearch.models.torch_embedder import Embedder, build_embedder
 
+#: test-time views: shifts (dx, dy) in pixels and rotations in degrees (Embedder.set_views)
+Views = tuple[Sequence[Sequence[int]], Sequence[float]]
+
 
 def whitening_matrix(embeddings: np.ndarray, labels: np.ndarray, power: float) -> np.ndarray:
     """The within-class scatter of the embeddings (each minus its class mean) raised to -`power`."""
@@ -25,7 +28,7 @@ def whitening_matrix(embeddings: np.ndarray, labels: np.ndarray, power: float) -
 
 
 def own_embeddings(model: Embedder, images: ImageSet, batch_size: int = 64,
-                   views: tuple[Sequence[Sequence[int]], Sequence[float]] | None = None) -> np.ndarray:
+                   views: Views | None = None) -> np.ndarray:
     """Each image's own embedding with the model's test-time shifts and rotations (or these `views`: shifts,
     rotations), without its whitening or symmetric copies (N x part_dim); the model is left as it was."""
     whitening = model.whitening.clone() if model.whiten else None
