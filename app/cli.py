@@ -76,7 +76,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     from metricsearch.train import quantize_onnx
 
     report = quantize_onnx(args.model, args.out, args.images, count=args.count, min_cosine=args.min_cosine,
-                           overwrite=args.overwrite)
+                           full_range=args.full_range, overwrite=args.overwrite)
     print(json.dumps({"onnx": str(report.path), "calibration_images": report.calibration_images,
                       "min_cosine": round(report.min_cosine, 4), "mean_cosine": round(report.mean_cosine, 4)}))
     return 0
@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=256, help="calibration images, spread evenly over the spec")
     p.add_argument("--min-cosine", type=float, default=0.9,
                    help="fail, writing nothing, if an int8 embedding's cosine to its float32 one is lower")
+    p.add_argument("--full-range", action="store_true",
+                   help="8-bit weights instead of 7: only for a copy that runs on CPUs with VNNI (AVX512-VNNI, "
+                   "AVX-VNNI, AMX); on CPUs without it onnxruntime's int8 sums saturate and the copy strays")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
     p = add("evaluate", _cmd_evaluate, "Recall@K, NMI and MAP@R of an ONNX model (or raw pixels) on a data "

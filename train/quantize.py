@@ -27,10 +27,15 @@ class QuantizeReport:
 
 
 def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *, count: int = 256,
-                  min_cosine: float = 0.9, overwrite: bool = False) -> QuantizeReport:
+                  min_cosine: float = 0.9, full_range: bool = False, overwrite: bool = False) -> QuantizeReport:
     """Write an int8 copy of an exported model to `out`: int8 weights (per channel) and activations, their
     ranges calibrated on `count` images of `images` (a spec or an ImageSet), the metadata kept; ExportError
-    (and nothing written) when an image's int8 embedding has a cosine below `min_cosine` to its float32 one."""
+    (and nothing written) when an image's int8 embedding has a cosine below `min_cosine` to its float32 one.
+
+    The weights use 7 bits unless `full_range`: onnxruntime multiplies uint8 activations by int8 weights in
+    pairs summed into 16 bits on x86 CPUs without VNNI (AVX2, AVX-512 before VNNI), and full-range weights
+    saturate those sums there, whatever CPU the copy was made on (an Omniglot CNN's cosine fell to -0.21 on
+    an AVX2 AMD EPYC; 0.991 with 7 bits)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -56,19 +61,22 @@ def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *,
         try:
             quant_pre_process(str(source.path), str(prepared), skip_symbolic_shape=True)
             quantize_static(str(prepared), str(quantized), Reader(), quant_format=QuantFormat.QOperator,
-                            per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                            per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            reduce_range=not full_range)
         finally:
             logging.disable(logging.NOTSET)
         proto = onnx.load(str(quantized))
         del proto.metadata_props[:]
         proto.metadata_props.extend(onnx.load(str(source.path)).metadata_props)
-        add_metadata(proto, {"quantized": f"int8, calibrated on {len(batch)} images of {what}"})
+        bits = 8 if full_range else 7
+        add_metadata(proto, {"quantized": f"int8 ({bits}-bit weights), calibrated on {len(batch)} images of {what}"})
         onnx.save(proto, str(quantized))
         cosines = _cosines(source.embed_arrays(batch), OnnxEmbedder(quantized, device="cpu").embed_arrays(batch))
         if cosines.min() < min_cosine:
             raise ExportError(f"the int8 model strays from the float32 one: an embedding's cosine to its float32 "
                               f"embedding is {cosines.min():.3f} < {min_cosine:g}; nothing written (keep the float32 "
-                              "model, or calibrate on other --images)")
+                              "model, or calibrate on other --images" + (", or leave out --full-range: this CPU may "
+                              "lack VNNI)" if full_range else ")"))
         shutil.move(quantized, out)
     return QuantizeReport(out, len(batch), float(cosines.min()), float(cosines.mean()))
 
