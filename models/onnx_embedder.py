@@ -57,6 +57,33 @@ def cuda_fallback_notice(device: str, problem: str | None) -> str:
     return f"onnxruntime's CUDA provider is installed but not usable, so the model runs on the CPU: {why}"
 
 
+#: /proc/cpuinfo flags of the x86 instructions that sum int8 products in 32 bits (VNNI; AMX CPUs have them too)
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The first CPU's feature flags as Linux lists them, or None where they cannot be read (not Linux)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def int8_problem(quantized: str | None, flags: frozenset[str] | None) -> str | None:
+    """Why an int8 copy (its `quantized` metadata) may embed wrongly on a CPU with these flags, or None: 8-bit
+    weights saturate onnxruntime's 16-bit pair sums on x86 CPUs without VNNI."""
+    if not quantized or "7-bit" in quantized or flags is None or "sse2" not in flags or VNNI_FLAGS & flags:
+        return None
+    return ("it is an int8 copy with 8-bit weights and this CPU has no VNNI, where onnxruntime's int8 sums "
+            "saturate: its embeddings may be wrong; make the copy again with `metricsearch quantize` (7-bit "
+            "weights unless --full-range)")
+
+
 class OnnxEmbedder(ArrayEmbedder):
     """Embeds PIL images or preprocessed arrays with an exported metricsearch ONNX model."""
 
@@ -87,6 +114,9 @@ class OnnxEmbedder(ArrayEmbedder):
         self.providers = self.session.get_providers()
         if CUDA_PROVIDER in providers and CUDA_PROVIDER not in self.providers:
             log.warning(cuda_fallback_notice(device, cuda_provider_problem()))
+        if self.providers[0] != CUDA_PROVIDER and (problem := int8_problem(self.metadata.get("quantized"),
+                                                                           cpu_flags())):
+            log.warning(f"{self.path}: {problem}")
 
     def embed_arrays(self, batch: np.ndarray) -> np.ndarray:
         """Embeddings (N x dim float32) of preprocessed images (N x C x H x W float32)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from metricsearch.app.cli import main
 from metricsearch.data import load_image_set
 from metricsearch.evaluation import evaluate
 from metricsearch.models import OnnxEmbedder
+from metricsearch.models.onnx_embedder import cpu_flags, int8_problem
 from metricsearch.train import export_onnx, quantize_onnx
 from metricsearch.train.config import load_config
 from metricsearch.train.export import ExportError
@@ -44,7 +46,7 @@ def _conv_weights(path: Path) -> list[np.ndarray]:
     return [tensors[node.input[3]] for node in graph.node if node.op_type == "QLinearConv"]
 
 
-def test_the_weights_keep_to_7_bits_unless_full_range_is_asked(digits_onnx: Path, tmp_path: Path) -> None:
+def test_the_weights_keep_to_7_bits_unless_full_range_is_asked(digits_onnx: Path, tmp_path: Path, caplog) -> None:
     # 7 bits: onnxruntime's uint8 x int8 pair sums fit 16 bits on CPUs without VNNI, where 8 bits saturate
     quantize_onnx(digits_onnx, tmp_path / "7.onnx", "digits", count=32)
     assert main(["quantize", str(digits_onnx), "--out", str(tmp_path / "8.onnx"), "--images", "digits", "--count",
@@ -53,7 +55,40 @@ def test_the_weights_keep_to_7_bits_unless_full_range_is_asked(digits_onnx: Path
     assert seven and all(w.dtype == np.int8 for w in seven + eight)
     assert max(int(np.abs(w.astype(int)).max()) for w in seven) <= 64
     assert max(int(np.abs(w.astype(int)).max()) for w in eight) == 127
+    OnnxEmbedder(tmp_path / "7.onnx", device="cpu")  # neither it nor the quantiser's checks warn of VNNI
+    assert "VNNI" not in caplog.text
     assert OnnxEmbedder(tmp_path / "8.onnx", device="cpu").metadata["quantized"].startswith("int8 (8-bit weights)")
+    # loading the 8-bit copy warns on an x86 CPU without VNNI (as /proc/cpuinfo lists it), only there
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    lacks_vnni = " sse2 " in cpuinfo and not re.search(r"\b(avx512_vnni|avx_vnni|amx_int8)\b", cpuinfo)
+    assert (f"{tmp_path / '8.onnx'}: it is an int8 copy with 8-bit weights" in caplog.text) == lacks_vnni, caplog.text
+
+
+X86_AVX2 = frozenset("fpu sse sse2 avx avx2 fma".split())
+
+
+@pytest.mark.parametrize("quantized, flags, warns", [
+    ("int8 (8-bit weights), calibrated on 32 images of digits", X86_AVX2, True),
+    ("int8, calibrated on 256 images of omniglot", X86_AVX2, True),  # a copy made before 7 bits were the default
+    ("int8 (7-bit weights), calibrated on 32 images of digits", X86_AVX2, False),
+    ("int8 (8-bit weights), calibrated on 32 images of digits", X86_AVX2 | {"avx512_vnni"}, False),
+    ("int8 (8-bit weights), calibrated on 32 images of digits", X86_AVX2 | {"avx_vnni"}, False),
+    ("int8 (8-bit weights), calibrated on 32 images of digits", frozenset({"fp", "asimd", "asimddp"}), False),  # Arm
+    ("int8 (8-bit weights), calibrated on 32 images of digits", None, False),  # flags unknown: no guess
+    (None, X86_AVX2, False),  # a float32 model
+])
+def test_an_8_bit_copy_is_flagged_only_on_x86_without_vnni(quantized, flags, warns) -> None:
+    assert (int8_problem(quantized, flags) is not None) == warns
+
+
+def test_cpu_flags_are_read_from_a_cpuinfo_file(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 fma\n\n"
+                       "processor\t: 1\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "sse2", "avx2", "fma"}
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd evtstrm\n")  # Arm's name for the line
+    assert cpu_flags(cpuinfo) == {"fp", "asimd", "evtstrm"}
+    assert cpu_flags(tmp_path / "absent") is None
 
 
 def test_a_model_that_strays_writes_nothing(digits_onnx: Path, tmp_path: Path) -> None:

@@ -57,21 +57,25 @@ def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *,
 
     with tempfile.TemporaryDirectory(prefix="metricsearch_quantize_") as tmp:
         prepared, quantized = Path(tmp) / "prepared.onnx", Path(tmp) / "int8.onnx"
-        logging.disable(logging.WARNING)  # the quantiser warns on the root logger for every int64 shape tensor
+        # the quantiser warns on the root logger for every int64 shape tensor, and an 8-bit copy's VNNI warning
+        # would name the temporary file: the cosines below decide here
+        logging.disable(logging.WARNING)
         try:
             quant_pre_process(str(source.path), str(prepared), skip_symbolic_shape=True)
             quantize_static(str(prepared), str(quantized), Reader(), quant_format=QuantFormat.QOperator,
                             per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             reduce_range=not full_range)
+            proto = onnx.load(str(quantized))
+            del proto.metadata_props[:]
+            proto.metadata_props.extend(onnx.load(str(source.path)).metadata_props)
+            bits = 8 if full_range else 7
+            add_metadata(proto, {"quantized": f"int8 ({bits}-bit weights), calibrated on {len(batch)} images of "
+                                              f"{what}"})
+            onnx.save(proto, str(quantized))
+            int8 = OnnxEmbedder(quantized, device="cpu")
         finally:
             logging.disable(logging.NOTSET)
-        proto = onnx.load(str(quantized))
-        del proto.metadata_props[:]
-        proto.metadata_props.extend(onnx.load(str(source.path)).metadata_props)
-        bits = 8 if full_range else 7
-        add_metadata(proto, {"quantized": f"int8 ({bits}-bit weights), calibrated on {len(batch)} images of {what}"})
-        onnx.save(proto, str(quantized))
-        cosines = _cosines(source.embed_arrays(batch), OnnxEmbedder(quantized, device="cpu").embed_arrays(batch))
+        cosines = _cosines(source.embed_arrays(batch), int8.embed_arrays(batch))
         if cosines.min() < min_cosine:
             raise ExportError(f"the int8 model strays from the float32 one: an embedding's cosine to its float32 "
                               f"embedding is {cosines.min():.3f} < {min_cosine:g}; nothing written (keep the float32 "
