@@ -8,7 +8,8 @@ of medians to the first model, the reference measured in the same run. The issue
 "One query" times a query alone, as a search service answers it once the 20 examples are indexed.
 
 Run: `python bench/omniglot_latency.py before=old.onnx after=omniglot.onnx` (ONNX files made by
-`metricsearch export`); the images come from the background sets in ../shared/data/omniglot.
+`metricsearch export`); the images come from the background sets in ../shared/data/omniglot. `--results
+bench/results/NAME` also writes the table to NAME.md and its numbers to NAME.json.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from metricsearch.data import load_split
 from metricsearch.models import OnnxEmbedder
+from results_files import write_results
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "omniglot"
 
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="models to time; the first is the reference")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of the Omniglot background sets")
     parser.add_argument("--episodes", type=int, default=150, help="timed episodes per model")
+    parser.add_argument("--results", type=Path, help="also write the table to RESULTS.md, its numbers to RESULTS.json")
     args = parser.parse_args(argv)
     pairs = [m.partition("=") for m in args.models]
     if any(not sep for _, sep, _ in pairs):
@@ -60,16 +63,23 @@ def main(argv: list[str] | None = None) -> int:
     images = [test.load(i) for i in range(min(len(test), 2000))]
     times = time_episodes(models, images, args.episodes)
     ref = float(np.median(next(iter(times.values()))[:, 0]))
-    print(f"20-way episode (21 images in one call + nearest), {args.episodes} episodes, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.1f}\n")
-    print("| model | passes an image | episode: median ms | p90 ms | ratio to first | one query: median ms |\n"
-          "|---|---:|---:|---:|---:|---:|")
+    lines = [f"20-way episode (21 images in one call + nearest), {args.episodes} episodes, {os.cpu_count()} cores, "
+             f"load {os.getloadavg()[0]:.1f}", "",
+             "| model | passes an image | episode: median ms | p90 ms | ratio to first | one query: median ms |",
+             "|---|---:|---:|---:|---:|---:|"]
+    rows = {}
     for label, t in times.items():
         config = json.loads(models[label].metadata["model_config"])
         views = ((len(config.get("tta_shifts") or [[0, 0]]) + len(config.get("tta_rotations") or []))
                  * (1 + len(config.get("tta_symmetries") or [])))  # network passes per image
-        print(f"| {label} | {views} | {1000 * np.median(t[:, 0]):.1f} | {1000 * np.percentile(t[:, 0], 90):.1f} | "
-              f"{np.median(t[:, 0]) / ref:.2f} | {1000 * np.median(t[:, 1]):.1f} |")
+        rows[label] = {"model": str(models[label].path), "passes": views,
+                       "episode_ms": (1000 * t[:, 0]).round(3).tolist(), "query_ms": (1000 * t[:, 1]).round(3).tolist()}
+        lines.append(f"| {label} | {views} | {1000 * np.median(t[:, 0]):.1f} | {1000 * np.percentile(t[:, 0], 90):.1f} "
+                     f"| {np.median(t[:, 0]) / ref:.2f} | {1000 * np.median(t[:, 1]):.1f} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.results:
+        write_results(args.results, text, {"episodes": args.episodes, "cores": os.cpu_count(), "models": rows})
     return 0
 
 
