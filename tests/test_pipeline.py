@@ -160,7 +160,7 @@ def test_nan_loss_is_caught_at_the_logging_interval_or_the_end_of_the_epoch(tmp_
 
 
 def test_omniglot_recipe_beats_raw_pixels_threefold(omniglot_dir, repo, tmp_path, capsys) -> None:
-    """configs/omniglot.yaml (a final fit) forced onto held-out alphabets (split=test), in a tenth of its
+    """configs/omniglot.yaml (a final fit) forced onto held-out alphabets (split=test), in 3 of its 35
     epochs: error at most a third of the raw-pixel baseline's."""
     # 2 of its 30 epochs and 1 of its 5 distillation epochs keep CI short (118 s on 2 AVX2 cores in float32,
     # against 378 s for 6 and 5): they reach 9.1% against the pixels' 63.7%, twice the margin needed.
