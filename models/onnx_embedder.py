@@ -114,8 +114,8 @@ class OnnxEmbedder(ArrayEmbedder):
         self.providers = self.session.get_providers()
         if CUDA_PROVIDER in providers and CUDA_PROVIDER not in self.providers:
             log.warning(cuda_fallback_notice(device, cuda_provider_problem()))
-        if self.providers[0] != CUDA_PROVIDER and (problem := int8_problem(self.metadata.get("quantized"),
-                                                                           cpu_flags())):
+        quantized = self.metadata.get("quantized")  # /proc/cpuinfo is read for int8 copies only
+        if quantized and self.providers[0] != CUDA_PROVIDER and (problem := int8_problem(quantized, cpu_flags())):
             log.warning(f"{self.path}: {problem}")
 
     def embed_arrays(self, batch: np.ndarray) -> np.ndarray:
