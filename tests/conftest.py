@@ -8,6 +8,16 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n auto`), each worker and its children get the cores over the workers as threads, so
+    the workers do not oversubscribe the CPU (with 2 cores and 2 workers, 2 threads each made the suite slower)."""
+    if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+        threads = str(max(1, (os.cpu_count() or 1) // workers))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[name] = threads
+
+
 REPO = Path(__file__).resolve().parents[1]
 #: ../shared beside the repository; METRICSEARCH_SHARED points elsewhere (a worktree one level deeper)
 SHARED = Path(os.environ.get("METRICSEARCH_SHARED", REPO.parent / "shared"))
