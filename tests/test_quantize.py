@@ -59,9 +59,14 @@ def test_the_weights_keep_to_7_bits_unless_full_range_is_asked(digits_onnx: Path
     assert "VNNI" not in caplog.text
     assert OnnxEmbedder(tmp_path / "8.onnx", device="cpu").metadata["quantized"].startswith("int8 (8-bit weights)")
     # loading the 8-bit copy warns on an x86 CPU without VNNI (as /proc/cpuinfo lists it), only there
+    assert (f"{tmp_path / '8.onnx'}: it is an int8 copy with 8-bit weights" in caplog.text) == _lacks_vnni(), \
+        caplog.text
+
+
+def _lacks_vnni() -> bool:
+    """Whether this machine's /proc/cpuinfo lists an x86 CPU without VNNI."""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    lacks_vnni = " sse2 " in cpuinfo and not re.search(r"\b(avx512_vnni|avx_vnni|amx_int8)\b", cpuinfo)
-    assert (f"{tmp_path / '8.onnx'}: it is an int8 copy with 8-bit weights" in caplog.text) == lacks_vnni, caplog.text
+    return " sse2 " in cpuinfo and not re.search(r"\b(avx512_vnni|avx_vnni|amx_int8)\b", cpuinfo)
 
 
 X86_AVX2 = frozenset("fpu sse sse2 avx avx2 fma".split())
@@ -93,8 +98,13 @@ def test_cpu_flags_are_read_from_a_cpuinfo_file(tmp_path: Path) -> None:
 
 def test_a_model_that_strays_writes_nothing(digits_onnx: Path, tmp_path: Path) -> None:
     out = tmp_path / "digits8.onnx"
-    with pytest.raises(ExportError, match="strays from the float32 one"):
+    with pytest.raises(ExportError, match="strays from the float32 one") as refused:
         quantize_onnx(digits_onnx, out, "digits", count=32, min_cosine=1.01)
+    assert "VNNI" not in str(refused.value)  # 7-bit weights: the CPU plays no part
+    with pytest.raises(ExportError, match="strays from the float32 one") as refused:
+        quantize_onnx(digits_onnx, out, "digits", count=32, min_cosine=1.01, full_range=True)
+    # with 8-bit weights it says whether this CPU lacks VNNI, as /proc/cpuinfo tells
+    assert ("--full-range: this CPU has no VNNI" in str(refused.value)) == _lacks_vnni(), refused.value
     assert not out.exists()
     out.write_bytes(b"keep")
     assert main(["quantize", str(digits_onnx), "--out", str(out), "--images", "digits"]) == 2

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from metricsearch.data import ImageSet, load_image_set
-from metricsearch.models.onnx_embedder import OnnxEmbedder
+from metricsearch.models.onnx_embedder import OnnxEmbedder, cpu_flags, int8_problem
 from metricsearch.train.export import ExportError, add_metadata, check_out
 from metricsearch.train.runs import sample_batch
 
@@ -79,10 +79,19 @@ def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *,
         if cosines.min() < min_cosine:
             raise ExportError(f"the int8 model strays from the float32 one: an embedding's cosine to its float32 "
                               f"embedding is {cosines.min():.3f} < {min_cosine:g}; nothing written (keep the float32 "
-                              "model, or calibrate on other --images" + (", or leave out --full-range: this CPU may "
-                              "lack VNNI)" if full_range else ")"))
+                              f"model, or calibrate on other --images{_full_range_hint(int8) if full_range else ''})")
         shutil.move(quantized, out)
     return QuantizeReport(out, len(batch), float(cosines.min()), float(cosines.mean()))
+
+
+def _full_range_hint(int8: OnnxEmbedder) -> str:
+    """What a refused 8-bit copy's error adds about this CPU's VNNI: it lacks it, it may, or nothing (it has it)."""
+    flags = cpu_flags()
+    if flags is None:
+        return ", or leave out --full-range: this CPU may lack VNNI"
+    if int8_problem(int8.metadata.get("quantized"), flags):
+        return ", or leave out --full-range: this CPU has no VNNI, where 8-bit weights saturate onnxruntime's sums"
+    return ""
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
