@@ -85,7 +85,7 @@ def quantize_onnx(model: str | Path, out: str | Path, images: str | ImageSet, *,
 
 
 def _full_range_hint(int8: OnnxEmbedder) -> str:
-    """What a refused 8-bit copy's error adds about this CPU's VNNI: it lacks it, it may, or nothing (it has it)."""
+    """What a refused 8-bit copy's error adds about VNNI: this CPU lacks it, may, or nothing (has it, not x86)."""
     flags = cpu_flags()
     if flags is None:
         return ", or leave out --full-range: this CPU may lack VNNI"
