@@ -35,16 +35,19 @@ def browser_page():
 
 
 def _open(page, url: str) -> None:
-    """Load the page and wait until its scripts have settled: a file set on the query box's input
-    before the image editor has hooked it is never uploaded (about 4 runs in 10 hung so)."""
+    """Load the page and wait until its scripts have settled and the query box's image editor has its canvas: a file
+    set before the editor is ready is never uploaded, and the page throws "Cannot read properties of undefined
+    (reading 'reset_layers')". With neither wait about 4 runs in 10 hung so (under CPU load, 4 fresh browsers in 4);
+    with networkidle alone, once in a parallel CI run; with the canvas alone, none in 3 under load."""
     page.goto(url)
     page.wait_for_load_state("networkidle", timeout=180_000)
+    page.locator("#query canvas").first.wait_for(state="attached", timeout=180_000)
 
 
 def _search_by_upload(page, url: str, path: Path, results, tries: int = 3) -> None:
-    """Open the page, set the query box's file, and wait for its 10 results; on a busy CPU a fresh browser's first
-    page can drop the file and every later one set on it (a 180 s wait hung so in a parallel CI run; set again 150 s
-    later, still nothing; reloaded, 5 s), so each try loads the page again. A search that never answers still fails."""
+    """Open the page, set the query box's file, and wait for its 10 results; should the page still drop the file
+    (a file set again on such a page 150 s later was dropped too; reloaded, 5 s), each try loads it again. A search
+    that never answers still fails."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for attempt in range(1, tries + 1):
