@@ -75,13 +75,16 @@ class Preprocessing:
         sx, sy = w / width, h / height
         return left / sx, top / sy, (left + self.size) / sx, (top + self.size) / sy
 
-    def normalized(self, image: Image.Image) -> np.ndarray:
-        """A resized image as a normalised float32 C x H x W array."""
-        pixels = np.asarray(image, dtype=np.uint8)
-        pixels = pixels[..., None] if pixels.ndim == 2 else pixels
-        out = np.empty((self.channels, *pixels.shape[:2]), np.float32)
+    def normalized(self, image: Image.Image | np.ndarray) -> np.ndarray:
+        """A resized image (or its 8-bit pixels) as a normalised float32 C x H x W array."""
+        return self.normalized_batch(np.asarray(image, dtype=np.uint8)[None])[0]
+
+    def normalized_batch(self, pixels: np.ndarray) -> np.ndarray:
+        """Resized images' 8-bit pixels, N x H x W (x C), as a normalised float32 N x C x H x W array."""
+        pixels = pixels[..., None] if pixels.ndim == 3 else pixels
+        out = np.empty((len(pixels), self.channels, *pixels.shape[1:3]), np.float32)
         for c in range(self.channels):
-            np.take(self.lookup[c], pixels[..., c], out=out[c])
+            np.take(self.lookup[c], pixels[..., c], out=out[:, c])
         return out
 
     @cached_property

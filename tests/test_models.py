@@ -168,6 +168,11 @@ def test_normalisation_equals_its_formula(channels: int) -> None:
     out = pre.normalized(image)
     assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (channels, 8, 8)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    stack = np.stack([pixels, 255 - pixels])  # a batch: N x H x W x C, or N x H x W for one channel
+    batch = pre.normalized_batch(stack[..., 0] if channels == 1 else stack)
+    assert batch.shape == (2, channels, 8, 8) and np.array_equal(batch[0], out)
+    np.testing.assert_allclose(batch[1], (1 - pixels.transpose(2, 0, 1) / 255.0 - np.array(mean)[:, None, None])
+                               / np.array(std)[:, None, None], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("bad", [dict(channels=2), dict(size=4), dict(resize="fit"), dict(mean=(0.1, 0.2))])
