@@ -57,16 +57,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.backbone is not None:
         from metricsearch.train import export_pretrained
 
+        if args.set:
+            raise ValueError("--set changes a trained run's test-time views; off-the-shelf features (--backbone) "
+                             "have none")
+
         report = export_pretrained(args.backbone, args.out, args.pretrained or "imagenet", images=args.dataset,
                                    batch_size=args.batch_size, opset=args.opset, atol=args.atol,
                                    overwrite=args.overwrite)
     else:
         from metricsearch.train import export_onnx
+        from metricsearch.train.config import check_views
 
         if args.pretrained is not None:
             raise ValueError("--pretrained goes with --backbone; a checkpoint has its own weights")
         report = export_onnx(args.checkpoint, args.out, dataset=args.dataset, batch_size=args.batch_size,
-                             opset=args.opset, atol=args.atol, overwrite=args.overwrite)
+                             opset=args.opset, atol=args.atol, overwrite=args.overwrite,
+                             views=check_views(args.set or []))
     print(json.dumps({"onnx": str(report.path), "max_abs_diff": report.max_abs_diff,
                       "parity_batch": report.batch_size, "embedding_dim": report.embedding_dim}))
     return 0
@@ -237,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="images in the parity batch")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |torch - onnxruntime|")
+    p.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
+                   help="other test-time views for the same weights: model.tta_shifts, model.tta_rotations, "
+                        "model.tta_symmetries (YAML values; [] for none), e.g. --set model.tta_rotations=[]; "
+                        "fewer views make a faster graph; a whitened run's whitening is fit again on its training "
+                        "images")
 
     p = add("quantize", _cmd_quantize, "Write an int8 copy of an exported model (int8 weights and activations, "
             "ranges calibrated on images of a data set): about 2x faster on a CPU; checked against the float32 model.")

@@ -49,7 +49,7 @@ from metricsearch.evaluation.oneshot import episode_errors, mean_ci
 from metricsearch.models import PixelEmbedder
 from metricsearch.models.onnx_embedder import OnnxEmbedder
 from metricsearch.models.torch_embedder import Embedder, load_embedder
-from metricsearch.train.config import load_config
+from metricsearch.train.config import VIEW_KEYS, load_config  # VIEW_KEYS: a kept run is scored with others
 from metricsearch.train.export import export_onnx
 from metricsearch.train.quantize import quantize_onnx
 from metricsearch.train.runs import sample_batch
@@ -62,7 +62,6 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "omniglot"
 FINAL_CONFIG = REPO / "configs" / "omniglot.yaml"
 RESULTS = REPO / "bench" / "results" / "omniglot_oneshot"
 FOLDS = {"A": "test", "B": "swap"}
-VIEW_KEYS = ("tta_shifts", "tta_rotations", "tta_symmetries")  # test-time only: a kept run is scored with others
 
 #: configs/omniglot.yaml before the one-shot work (commit e656d28): 4 alphabets, held-out test
 CURRENT = """

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from scipy.linalg import fractional_matrix_power
 
 from metricsearch.app.cli import main
@@ -97,3 +98,58 @@ def test_a_whitening_power_out_of_range_exits_2_with_one_line(tmp_path, capsys, 
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.whiten" in err[0], err
+
+
+@pytest.fixture(scope="module")
+def viewed_run(tmp_path_factory):
+    """A whitened digits run with two shifts, a rotation and a symmetric copy as its test-time views."""
+    config = quick_config(tmp_path_factory.mktemp("viewed"), "epochs=1", "model.whiten=0.25",
+                          "model.tta_shifts=[[0, 0], [2, 0]]", "model.tta_rotations=[10]",
+                          "model.tta_symmetries=[transpose]")
+    return train(config, progress=False).run_dir
+
+
+@pytest.mark.parametrize("changes, refit", [
+    (["model.tta_rotations=[]", "model.tta_symmetries=[]"], True),  # one pass: the whitening fit again
+    (["model.tta_symmetries=[]"], False),  # the copies share the matrix: kept
+])
+def test_an_export_with_other_views_has_them_and_the_whitening_they_need(viewed_run, tmp_path, changes, refit):
+    out = tmp_path / "fast.onnx"
+    assert main(["export", str(viewed_run), "--out", str(out), "--set", *changes]) == 0
+    onnx_model = OnnxEmbedder(out, device="cpu")
+    config = json.loads(onnx_model.metadata["model_config"])
+    reference = load_embedder(viewed_run / "last.pt")
+    saved = reference.whitening.clone()
+    rotations = [] if refit else [10.0]
+    assert config.get("tta_rotations", []) == rotations and "tta_symmetries" not in config
+    assert config["tta_shifts"] == [[0, 0], [2, 0]] and config["whiten"] == 0.25
+    reference.set_views([[0, 0], [2, 0]], rotations, [])
+    settings = typed_config(yaml.safe_load((viewed_run / "config.yaml").read_text()))
+    split = load_split(settings.dataset, split_classes=settings.split_classes, split=settings.split)
+    if refit:  # the matrix of the new views, fit as training fits it
+        reference = whitened(reference, split.train, 0.25)
+        assert (reference.whitening - saved).abs().max() > 1e-3
+    x = np.stack([reference.preprocessing(split.test.load(i)) for i in range(12)])
+    expected = reference.eval().embed_arrays(x)
+    assert np.abs(onnx_model.embed_arrays(x) - expected).max() <= 1e-4
+
+
+@pytest.mark.parametrize("changes, named", [
+    (["model.dim=8"], "model.dim"), (["seed=3"], "seed"), (["model.tta_shifts=[[1]]"], "model.tta_shifts"),
+    (["model.tta_symmetries=[spin]"], "model.tta_symmetries"), (["model.tta_rotations=left"], "model.tta_rotations"),
+])
+def test_an_export_with_a_bad_view_key_exits_2_naming_it(viewed_run, tmp_path, capsys, changes, named) -> None:
+    out = tmp_path / "bad.onnx"
+    assert main(["export", str(viewed_run), "--out", str(out), "--set", *changes]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err
+    assert not out.exists()
+
+
+def test_off_the_shelf_features_take_no_views_exit_2(tmp_path, capsys) -> None:
+    out = tmp_path / "lite.onnx"
+    args = ["export", "--backbone", "efficientnet_lite0", "--out", str(out), "--set", "model.tta_rotations=[]"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--set" in err[0] and "--backbone" in err[0], err
+    assert not out.exists()

@@ -466,6 +466,22 @@ def parameter_schema(factory: Callable[..., Any], passed: Iterable[str] = (),
     return create_model(f"{getattr(factory, '__name__', 'Component')}Params", __base__=Section, **fields)
 
 
+#: the model keys that only change the test-time views: the same weights take others (`export_onnx`'s `views`)
+VIEW_KEYS = ("tta_shifts", "tta_rotations", "tta_symmetries")
+
+
+def check_views(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`--set` overrides of test-time view keys (model.tta_shifts, ...), validated as the model section's: the keys
+    and their JSON values; a one-line ValueError naming any other key or a wrong value."""
+    views: dict[str, Any] = {}
+    for text in overrides:
+        views = deep_merge(views, parse_override(text))
+    check_keys(views, ["model"], "")
+    check_keys(views.get("model") or {}, VIEW_KEYS, "model.")
+    typed = _validated(ModelConfig, views.get("model") or {}, "model.").model_dump(mode="json")
+    return {key: typed[key] for key in views.get("model") or {}}
+
+
 def check_model(model: dict[str, Any]) -> None:
     """Check the model section's keys, its backbone's parameters and its preprocessing keys."""
     check_keys(model, ModelConfig.model_fields, "model.")

@@ -19,6 +19,7 @@ from metricsearch.data import load_image_set
 from metricsearch.models.torch_embedder import Embedder, load_checkpoint, resolve_checkpoint
 from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
 from metricsearch.train.runs import run_split, sample_batch
+from metricsearch.train.whitening import change_views
 
 if TYPE_CHECKING:
     import onnx
@@ -76,24 +77,32 @@ def check_out(out: str | Path, overwrite: bool) -> Path:
 def export_onnx(
     model: Embedder | str | Path, out: str | Path, batch: np.ndarray | None = None, *,
     dataset: str | None = None, batch_size: int = 32, source: str = "", opset: int = 17, atol: float = 1e-4,
-    overwrite: bool = False,
+    overwrite: bool = False, views: dict[str, list] | None = None,
 ) -> ExportReport:
     """Write a model, or a run directory's / checkpoint's, as ONNX (dynamic batch axis, metadata) to `out`,
     checked for parity on `batch` (default: `batch_size` test images of the run's data set, or of `dataset`).
+    `views` (from `check_views`: model keys tta_shifts, tta_rotations, tta_symmetries) replaces the test-time
+    views: fewer make a faster graph; a whitened run's matrix is fit again on its training images for other shifts
+    or rotations.
     An existing `out` is replaced only with `overwrite`; its folder must exist."""
     import onnx
 
     out = check_out(out, overwrite)
-
+    training_images = None
     if not isinstance(model, Embedder):
         source = source or str(resolve_checkpoint(model))
         model, state = load_checkpoint(model)
         if batch is None:
             split = run_split(state, dataset)
             batch = sample_batch(model.preprocessing, split.test if len(split.test) else split.train, batch_size)
+        if views and model.whiten:
+            training_images = run_split(state).train
     if batch is None:
         raise ValueError("export_onnx of an in-memory model needs a parity batch")
     model = model.eval().cpu()
+    if views:
+        change_views(model, training_images, views.get("tta_shifts"), views.get("tta_rotations"),
+                     views.get("tta_symmetries"))
     example = torch.from_numpy(batch[:2])
     with warnings.catch_warnings():
         # the exporter warns, once per pass, that it cannot fold the strided slices of the shifted test views;
