@@ -153,3 +153,19 @@ def test_off_the_shelf_features_take_no_views_exit_2(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--set" in err[0] and "--backbone" in err[0], err
     assert not out.exists()
+
+
+def test_a_model_in_memory_keeps_its_views_and_cannot_refit_without_its_run(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = build_embedder({"dim": 8, "whiten": 0.25, "backbone_params": {"width": 8},
+                            "tta_shifts": [[0, 0], [2, 0]], "tta_symmetries": ["transpose"]})
+    x = torch.randn(4, 1, 28, 28).numpy()
+    export_onnx(model, tmp_path / "one.onnx", x, views={"tta_symmetries": []})
+    assert model.tta_symmetries == ["transpose"] and model.config["tta_symmetries"] == ["transpose"]
+    expected = model.eval()
+    expected.set_views([[0, 0], [2, 0]], [], [])
+    assert np.abs(OnnxEmbedder(tmp_path / "one.onnx", device="cpu").embed_arrays(x)
+                  - expected.embed_arrays(x)).max() <= 1e-4
+    with pytest.raises(ValueError, match="export the run directory"):
+        export_onnx(model, tmp_path / "two.onnx", x, views={"tta_shifts": [[0, 0]]})
+    assert not (tmp_path / "two.onnx").exists()

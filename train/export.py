@@ -3,6 +3,7 @@ the metadata, checked for parity."""
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from dataclasses import dataclass
@@ -88,8 +89,8 @@ def export_onnx(
     import onnx
 
     out = check_out(out, overwrite)
-    training_images = None
-    if not isinstance(model, Embedder):
+    training_images, in_memory = None, isinstance(model, Embedder)
+    if not in_memory:
         source = source or str(resolve_checkpoint(model))
         model, state = load_checkpoint(model)
         if batch is None:
@@ -99,6 +100,8 @@ def export_onnx(
             training_images = run_split(state).train
     if batch is None:
         raise ValueError("export_onnx of an in-memory model needs a parity batch")
+    if views and in_memory:
+        model = copy.deepcopy(model)  # the caller's model keeps its views
     model = model.eval().cpu()
     if views:
         change_views(model, training_images, views.get("tta_shifts"), views.get("tta_rotations"),
