@@ -49,7 +49,7 @@ def time_arms(setups: dict[str, Setup], steps: int, warmup: int) -> dict[str, di
     loaders, times = {}, {name: {"load": [], "step": []} for name in setups}
     for name, setup in setups.items():
         for i in range(len(setup.dataset)):
-            setup.dataset.resized(i)
+            setup.dataset.pixels(i)
         setup.sampler.set_epoch(0)
         setup.model.train()
         loaders[name] = iter(epoch_batches(setup, seed=0))

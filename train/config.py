@@ -477,9 +477,10 @@ def check_views(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     for text in overrides:
         views = deep_merge(views, parse_override(text))
     check_keys(views, ["model"], "")
-    check_keys(views.get("model") or {}, VIEW_KEYS, "model.")
-    typed = _validated(ModelConfig, views.get("model") or {}, "model.").model_dump(mode="json")
-    return {key: typed[key] for key in views.get("model") or {}}
+    model = views.get("model") or {}
+    check_keys(model, VIEW_KEYS, "model.")
+    typed = _validated(ModelConfig, model, "model.").model_dump(mode="json")
+    return {key: typed[key] for key in model}
 
 
 def check_model(model: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ the metadata, checked for parity."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import warnings
 from dataclasses import dataclass
@@ -89,23 +90,22 @@ def export_onnx(
     import onnx
 
     out = check_out(out, overwrite)
-    training_images, in_memory = None, isinstance(model, Embedder)
+    in_memory = isinstance(model, Embedder)
     if not in_memory:
         source = source or str(resolve_checkpoint(model))
         model, state = load_checkpoint(model)
+        own_split = functools.cache(lambda: run_split(state))  # loaded once, and only when needed
         if batch is None:
-            split = run_split(state, dataset)
+            split = own_split() if dataset is None else run_split(state, dataset)
             batch = sample_batch(model.preprocessing, split.test if len(split.test) else split.train, batch_size)
-        if views and model.whiten:
-            training_images = run_split(state).train
     if batch is None:
         raise ValueError("export_onnx of an in-memory model needs a parity batch")
     if views and in_memory:
         model = copy.deepcopy(model)  # the caller's model keeps its views
     model = model.eval().cpu()
     if views:
-        change_views(model, training_images, views.get("tta_shifts"), views.get("tta_rotations"),
-                     views.get("tta_symmetries"))
+        change_views(model, None if in_memory else lambda: own_split().train, views.get("tta_shifts"),
+                     views.get("tta_rotations"), views.get("tta_symmetries"))
     example = torch.from_numpy(batch[:2])
     with warnings.catch_warnings():
         # the exporter warns, once per pass, that it cannot fold the strided slices of the shifted test views;

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -55,10 +55,10 @@ def fit_whitening(model: Embedder, images: ImageSet, batch_size: int = 64) -> No
     model.set_whitening(torch.from_numpy(matrix).float())
 
 
-def change_views(model: Embedder, images: ImageSet | None, shifts: Sequence[Sequence[int]] | None = None,
+def change_views(model: Embedder, images: Callable[[], ImageSet] | None, shifts: Sequence[Sequence[int]] | None = None,
                  rotations: Sequence[float] | None = None, symmetries: Sequence[str] | None = None) -> None:
-    """Give `model` these test-time views (None: keep its own); a whitened model's matrix is fit again on `images`,
-    its training images, when the shifts or rotations change (its symmetric copies share the matrix)."""
+    """Give `model` these test-time views (None: keep its own); a whitened model's matrix is fit again on `images()`,
+    its training images (asked for only then), when the shifts or rotations change (its copies share the matrix)."""
     before = (model.tta_shifts, model.tta_rotations)
     model.set_views(model.tta_shifts if shifts is None else shifts, model.tta_rotations if rotations is None
                     else rotations, model.tta_symmetries if symmetries is None else symmetries)
@@ -66,7 +66,7 @@ def change_views(model: Embedder, images: ImageSet | None, shifts: Sequence[Sequ
         if images is None:
             raise ValueError("other test-time shifts or rotations need the whitening fit again on the training "
                              "images: export the run directory or checkpoint, not a model in memory")
-        fit_whitening(model, images)
+        fit_whitening(model, images())
 
 
 def whitened(model: Embedder, images: ImageSet, power: float, batch_size: int = 64) -> Embedder:
