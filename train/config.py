@@ -153,6 +153,14 @@ class DistillConfig(Section):
                 model.tta_rotations if self.rotations is None else self.rotations)
 
 
+class EmaConfig(Section):
+    """The `ema` section: an exponential moving average of the weights over the run's own epochs, which takes their
+    place when those epochs end, before the whitening and the distillation (train/ema.py)."""
+
+    span: Annotated[float, Field(ge=0.0)] = 0.0  # epochs: each step weighs the new weights 1 / (span x steps); 0: off
+    start_epoch: Annotated[int, _at_least(0)] = 0  # the average starts as the weights at this epoch's start
+
+
 class LoggingConfig(Section):
     """The `logging` section: where a run's numbers go besides metrics.jsonl."""
 
@@ -194,6 +202,7 @@ class TrainConfig(Section):
     trunk_cache: Annotated[int, _at_least(0)] = 0
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
+    ema: EmaConfig = Field(default_factory=EmaConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log_every: Count = 50
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -226,7 +235,7 @@ SECTIONS: dict[str, tuple[Registry[Any], tuple[str, ...], tuple[str, ...]]] = {
 }
 #: the sections of fixed keys besides `model` (whose keys check_model checks)
 PLAIN_SECTIONS: dict[str, type[Section]] = {"eval": EvalConfig, "logging": LoggingConfig, "memory": MemoryConfig,
-                                            "distill": DistillConfig}
+                                            "distill": DistillConfig, "ema": EmaConfig}
 #: sections whose component may be left out (name: null)
 OPTIONAL = ("miner", "weighting")
 #: what a user may mean by a top-level key that does not exist
@@ -369,6 +378,9 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     if typed.memory.size and typed.model.members > 1:
         raise ValueError("memory (a cross-batch memory) keeps one embedding per image: set model.members: 1, "
                          "or memory.size: 0")
+    if typed.ema.span and typed.ema.start_epoch >= typed.epochs:
+        raise ValueError(f"config key ema.start_epoch ({typed.ema.start_epoch}) must come before the run's last "
+                         f"epoch: set it below epochs ({typed.epochs}), or ema.span: 0")
     return typed
 
 

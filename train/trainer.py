@@ -33,6 +33,7 @@ from metricsearch.train.device import amp_dtype, memory_format, resolve_device
 from metricsearch.train.distributed import (
     DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
 )
+from metricsearch.train.ema import WeightAverage
 from metricsearch.train.heap import keep_heap, kept_heap
 from metricsearch.train.losses.base import MetricLoss, Mined, Weighting
 from metricsearch.train.memory import CrossBatchMemory
@@ -99,6 +100,7 @@ class Setup:
     layout: torch.memory_format = torch.contiguous_format  # of the model's weights and the batches (memory_format)
     batch_augment: BatchAugment | None = None  # what each step applies to its batch on the device (batch_affine)
     targets: Tensor | None = None  # in the distillation epochs: each training image's target embedding, on the device
+    average: WeightAverage | None = None  # config ema.span > 0: the weights' moving average over the own epochs
 
 
 @dataclass
@@ -147,6 +149,8 @@ def _train(
             if epoch == settings.epochs:
                 start_distillation(setup, run_dir, write=main)
             row = train_epoch(setup, epoch, run_dir, progress and main)
+            if setup.average is not None and epoch + 1 == settings.epochs:
+                setup.average.apply(setup.model)  # the average takes the weights' place when the own epochs end
             if not main:
                 state.history.append(row)
                 continue
@@ -192,6 +196,7 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
         memory.to(device)
     layout = memory_format(device, config.channels_last)
     model.to(memory_format=layout)
+    average = build_average(config, model, len(sampler))
     optimizer = build_optimizer(config.optimizer, model, loss)
     scheduler = build_schedule(config.schedule, optimizer, len(sampler), config.epochs)
     scaler = torch.amp.GradScaler("cuda", enabled=autocast is torch.float16)
@@ -208,7 +213,8 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
                                   augment=on_batch)
     return Setup(config, device, autocast, split, model, wrap_model(model, dist, device), dist, loss, sampler, miner,
                  weighting, optimizer, scheduler, scaler, dataset, cache, memory, layout,
-                 None if cache is not None else on_batch)  # with a trunk cache, the views hold it already
+                 None if cache is not None else on_batch,  # with a trunk cache, the views hold it already
+                 average=average)
 
 
 def start_distillation(setup: Setup, run_dir: Path, write: bool = True, targets: Tensor | None = None) -> None:
@@ -221,6 +227,14 @@ def start_distillation(setup: Setup, run_dir: Path, write: bool = True, targets:
         if write:
             _save(targets, run_dir / TARGETS_FILE)
     setup.targets = targets.to(setup.device)
+
+
+def build_average(config: TrainConfig, model: Embedder, steps_per_epoch: int) -> WeightAverage | None:
+    """The moving average of the model's weights the `ema` section asks for (None for span 0)."""
+    if not config.ema.span:
+        return None
+    return WeightAverage(model, max(1.0, config.ema.span * steps_per_epoch),
+                         start_step=config.ema.start_epoch * steps_per_epoch)
 
 
 def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampler,
@@ -279,6 +293,8 @@ def train_epoch(setup: Setup, epoch: int, run_dir: Path, progress: bool = False)
             _pause(pause_at)
         total += train_step(setup, images, labels, indices)
         seen, steps = seen + len(images) * setup.dist.world_size, steps + 1
+        if setup.average is not None and epoch < config.epochs:
+            setup.average.update(setup.model, epoch * len(setup.sampler) + steps - 1)
         if steps % config.log_every == 0:
             mean, checked = finite_mean(total, steps, checked, epoch, run_dir), steps
             bar.set_postfix(loss=f"{mean:.4f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}")
@@ -369,6 +385,7 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
         **setup.model.checkpoint(), "loss": setup.loss.state_dict(), "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
         **({"memory": setup.memory.state_dict()} if setup.memory is not None else {}),
+        **({"ema": setup.average.state_dict()} if setup.average is not None else {}),
         **({"distill_after": config.epochs} if setup.targets is not None else {}),  # the run's own epochs
         "epoch": len(state.history), "history": state.history, "best_recall_at_1": state.best_recall_at_1,
         "config": config.model_dump(mode="json"), "class_names": setup.split.test.class_names,
@@ -400,6 +417,8 @@ def restore(setup: Setup, run_dir: Path) -> RunState:
     setup.scaler.load_state_dict(state["scaler"])
     if setup.memory is not None:
         setup.memory.load_state_dict(state["memory"])
+    if setup.average is not None:
+        setup.average.load_state_dict(state["ema"])
     return RunState(state["history"], state["best_recall_at_1"])
 
 
