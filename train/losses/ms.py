@@ -57,24 +57,13 @@ class MultiSimilarityLoss(MetricLoss):
 
     def __init__(
         self, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, epsilon: float = 0.1,
-        mining: bool = True, spread: float = 0.0,
+        mining: bool = True,
     ) -> None:
         super().__init__()
         check_positive(alpha=alpha, beta=beta)
         check_epsilon(epsilon)
         self.alpha, self.beta, self.base, self.epsilon = alpha, beta, base, epsilon
-        self.mining, self.spread = mining, spread
-
-    def forward(self, embeddings: Tensor, labels: Tensor, mined: Mined | None = None, weighting=None,
-                indices: Tensor | None = None) -> Tensor:
-        out = super().forward(embeddings, labels, mined, weighting, indices)
-        if self.spread:
-            sim = self.similarity(embeddings)
-            neg = labels[:, None] != labels[None, :]
-            m1 = sim[neg].mean()
-            m2 = sim[neg].pow(2).mean()
-            out = out + self.spread * (m1.pow(2) + torch.relu(m2 - 1.0 / embeddings.shape[1]))
-        return out
+        self.mining = mining
 
     def loss_from_similarity(self, sim: Tensor, labels: Tensor, mined: Mined | None = None) -> Tensor:
         return self.anchor_mean(sim, *pair_masks(labels, mined))
