@@ -26,7 +26,7 @@ class Embedder(ArrayEmbedder, nn.Module):
         preprocessing: Preprocessing | dict[str, Any] | None = None, pretrained: str | bool | None = None,
         backbone_params: dict[str, Any] | None = None, tta_shifts: list | None = None, freeze: int | None = None,
         tta_rotations: list | None = None, members: int = 1, whiten: float = 0.0,
-        tta_symmetries: list | None = None, head_hidden: int | None = None,
+        tta_symmetries: list | None = None,
     ) -> None:
         """`dim` None: no head, the backbone's pooled features are the embedding. `preprocessing` as a dict:
         the keys it sets replace those of the backbone's own (its ImageNet preprocessing, where it has one).
@@ -41,8 +41,7 @@ class Embedder(ArrayEmbedder, nn.Module):
         `tta_symmetries` (names of `SYMMETRIES`): in eval mode the embedding is the images' own (views and whitening
         included), L2-normalised, then that of each symmetric copy of the images the same way, side by side, over
         sqrt(1 + their number) (cosine similarity: the mean over the symmetries); a model trained with those
-        symmetries as classes of their own (`augment_classes`) is an ensemble of 1 + N embeddings this way.
-        `head_hidden` H: the head is linear-BN-ReLU-linear through H units (`HiddenHead`), not one linear layer."""
+        symmetries as classes of their own (`augment_classes`) is an ensemble of 1 + N embeddings this way."""
         super().__init__()
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
             raise ValueError(f"model.dim must be an integer >= 1 (or null: the backbone's features), got {dim!r}")
@@ -50,9 +49,6 @@ class Embedder(ArrayEmbedder, nn.Module):
             raise ValueError(f"model.members must be an integer >= 1, got {members!r}")
         if isinstance(whiten, bool) or not isinstance(whiten, (int, float)) or not 0 <= whiten <= 1:
             raise ValueError(f"model.whiten must be a number in [0, 1] (0: no whitening), got {whiten!r}")
-        if head_hidden is not None and (isinstance(head_hidden, bool) or not isinstance(head_hidden, int)
-                                        or head_hidden < 1 or dim is None):
-            raise ValueError(f"model.head_hidden must be an integer >= 1 with a model.dim, got {head_hidden!r}")
         if members > 1 and freeze is not None:
             raise ValueError("model.freeze splits one backbone: set model.members: 1, or drop model.freeze")
         if not isinstance(preprocessing, Preprocessing):
@@ -65,16 +61,12 @@ class Embedder(ArrayEmbedder, nn.Module):
         nets, heads = [], []
         for _ in range(members):  # member by member: the first is the one model members 1 builds with the same seed
             nets.append(build_backbone(backbone, self.preprocessing.channels, pretrained, dict(backbone_params or {})))
-            width = nets[-1].out_features
-            heads.append(nn.Identity() if dim is None else nn.Linear(width, dim) if head_hidden is None
-                         else HiddenHead(width, head_hidden, dim))
+            heads.append(nn.Linear(nets[-1].out_features, dim) if dim is not None else nn.Identity())
         self.backbone = nets[0] if members == 1 else SideBySide(nets)
         self.head = heads[0] if members == 1 else SideBySide(heads, split=True)
         self.members = members
         if members > 1:
             self.config["members"] = members
-        if head_hidden is not None:
-            self.config["head_hidden"] = head_hidden
         self.normalize = normalize
         self.whiten = float(whiten)
         if whiten:
@@ -200,15 +192,6 @@ class Embedder(ArrayEmbedder, nn.Module):
         return {"model_config": self.config, "model": self.state_dict()}
 
 
-class HiddenHead(nn.Sequential):
-    """A head with one hidden layer: linear, batch norm, ReLU, linear."""
-
-    def __init__(self, in_features: int, hidden: int, out_features: int) -> None:
-        super().__init__(nn.Linear(in_features, hidden, bias=False), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
-                         nn.Linear(hidden, out_features))
-        self.out_features = out_features
-
-
 class SideBySide(nn.Module):
     """Modules side by side: each on the whole input (or, with `split`, on its own equal slice of the features),
     their outputs concatenated."""
@@ -269,7 +252,7 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
     known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze", "members",
-             "whiten", "tta_symmetries", "head_hidden"}
+             "whiten", "tta_symmetries"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; "

@@ -200,25 +200,6 @@ def test_unnormalised_head() -> None:
     assert not torch.allclose(out.norm(dim=1), torch.ones(3))
 
 
-def test_a_hidden_head_is_its_formula_and_survives_a_checkpoint(tmp_path) -> None:
-    model = build_embedder({"dim": 8, "head_hidden": 16}).eval()
-    x = torch.randn(3, 1, 28, 28)
-    first, norm, _, last = model.head
-    with torch.no_grad():
-        features = model.backbone(x)
-        hidden = (features @ first.weight.T - norm.running_mean) / torch.sqrt(norm.running_var + norm.eps)
-        by_hand = torch.relu(hidden * norm.weight + norm.bias) @ last.weight.T + last.bias
-        torch.testing.assert_close(model(x), torch.nn.functional.normalize(by_hand, dim=1))
-    torch.save(model.checkpoint(), tmp_path / "m.pt")
-    with torch.no_grad():
-        torch.testing.assert_close(load_embedder(tmp_path / "m.pt")(x), model(x))
-    for bad in (0, 2.5, True):
-        with pytest.raises(ValueError, match="head_hidden"):
-            build_embedder({"dim": 8, "head_hidden": bad})
-    with pytest.raises(ValueError, match="head_hidden"):
-        build_embedder({"dim": None, "head_hidden": 16})
-
-
 def test_pretrained_weights_from_a_file(tmp_path) -> None:
     source = BACKBONES.build("small_cnn", None, in_channels=1)
     torch.save(source.state_dict(), tmp_path / "w.pt")

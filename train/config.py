@@ -117,8 +117,6 @@ class ModelConfig(Section):
     members: Count = 1
     # P in (0, 1]: after training, the embedding is whitened by the training images' within-class scatter ** -P
     whiten: Annotated[float, Field(ge=0.0, le=1.0, strict=True)] = 0.0
-    # H: the head is linear-BN-ReLU-linear through H hidden units (null: one linear layer)
-    head_hidden: Count | None = None
 
 
 class EvalConfig(Section):
