@@ -295,3 +295,49 @@ def test_a_pool_first_small_cnn_exports_with_parity_and_is_typed(tmp_path) -> No
     assert config.model.backbone_params["pool_first"] is False
     with pytest.raises(ValueError, match="pool_first"):
         typed_config(load_config("omniglot", ["model.backbone_params.pool_first=later"]))
+
+
+def _blur_max_pool_by_hand(x: torch.Tensor) -> torch.Tensor:
+    """Anti-aliased 2x2 max-pooling, cell by cell: m[i, j] the max of x[i:i+2, j:j+2] (edges repeated), then output
+    (i, j) the [1, 2, 1] x [1, 2, 1] / 16 weighted sum of m around (2i, 2j) (edges repeated)."""
+    h, w = x.shape[-2:]
+    at = lambda t, i, j: t[..., min(max(i, 0), t.shape[-2] - 1), min(max(j, 0), t.shape[-1] - 1)]  # noqa: E731
+    m = torch.stack([torch.stack([torch.stack([at(x, i + a, j + b) for a in (0, 1) for b in (0, 1)]).amax(0)
+                                  for j in range(w)], -1) for i in range(h)], -2)
+    taps = {-1: 1.0, 0: 2.0, 1: 1.0}
+    return torch.stack([torch.stack([sum(taps[a] * taps[b] * at(m, 2 * i + a, 2 * j + b)
+                                         for a in taps for b in taps) / 16 for j in range((w + 1) // 2)], -1)
+                        for i in range((h + 1) // 2)], -2)
+
+
+@pytest.mark.parametrize("size", [28, 7, 4, 5, 1])
+def test_blur_max_pool_matches_its_formula_and_max_pools_sizes(size) -> None:
+    from metricsearch.models.backbones import BlurMaxPool
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, size, size + 1, dtype=torch.float64, requires_grad=True)
+    got = BlurMaxPool()(x)
+    assert got.shape == torch.nn.functional.max_pool2d(x, 2, ceil_mode=True).shape
+    torch.testing.assert_close(got, _blur_max_pool_by_hand(x))
+    assert torch.autograd.gradcheck(BlurMaxPool(), (x,))
+
+
+def test_small_cnn_antialias_blurs_the_last_blocks_pools_and_exports(tmp_path) -> None:
+    from metricsearch.models.backbones import BlurMaxPool
+    from metricsearch.models.onnx_embedder import OnnxEmbedder
+    from metricsearch.train.export import export_onnx
+
+    for k in (0, 2, 4):
+        net = BACKBONES.build("small_cnn", None, in_channels=1, width=8, pool_first=True, antialias=k)
+        kinds = [type(m) for m in net.features if isinstance(m, (torch.nn.MaxPool2d, BlurMaxPool))]
+        assert kinds == [torch.nn.MaxPool2d] * (4 - k) + [BlurMaxPool] * k
+    with pytest.raises(ValueError, match="antialias must be 0-4"):
+        BACKBONES.build("small_cnn", None, in_channels=1, antialias=5)
+    torch.manual_seed(0)
+    params = {"width": 8, "pool": "max", "pool_first": True, "antialias": 2}
+    model = build_embedder({"dim": 8, "backbone_params": params, "preprocessing": {"size": 28, "channels": 1}})
+    batch = np.random.default_rng(0).normal(size=(5, 1, 28, 28)).astype(np.float32)
+    export_onnx(model.eval(), tmp_path / "blur.onnx", batch)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(batch)).numpy()
+    assert np.abs(OnnxEmbedder(tmp_path / "blur.onnx", device="cpu").embed_arrays(batch) - expected).max() <= 1e-4
