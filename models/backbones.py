@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from metricsearch.registry import Registry
 
@@ -16,37 +15,20 @@ BACKBONES: Registry[nn.Module] = Registry("backbone")
 IMAGENET_HINT = "efficientnet_lite0, resnet18, resnet50, googlenet, timm:NAME"
 
 
-class BlurMaxPool(nn.Module):
-    """Anti-aliased 2x2 max-pooling (Zhang 2019): a stride-1 max, then a [1, 2, 1] blur sampled at stride 2; the
-    output is ceil(H/2) x ceil(W/2), as `nn.MaxPool2d(2, ceil_mode=True)` gives."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        """The pooled map."""
-        x = F.max_pool2d(F.pad(x, (0, 1, 0, 1), mode="replicate"), 2, stride=1)
-        # the [1, 2, 1] / 4 blur is two 2-tap means, the second one at stride 2
-        return F.avg_pool2d(F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 2, stride=1), 2, stride=2)
-
-
 class SmallCNN(nn.Module):
     """Four conv-BN-ReLU-pool blocks then global pooling of the last map (`pool`: avg or max); trains in minutes on
     a CPU. `pool_first`: each block max-pools its convolution's output first, then batch-normalises and rectifies
-    the quarter-size map (conv-pool-BN-ReLU: another model, whose training steps take 0.65-0.7x the time).
-    `antialias`: the last `antialias` blocks' max-pooling blurred before it subsamples (`BlurMaxPool`; on the first
-    blocks' large maps it makes a CPU training step up to 3x slower)."""
+    the quarter-size map (conv-pool-BN-ReLU: another model, whose training steps take 0.65-0.7x the time)."""
 
-    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg", pool_first: bool = False,
-                 antialias: int = 0) -> None:
+    def __init__(self, in_channels: int = 1, width: int = 64, pool: str = "avg", pool_first: bool = False) -> None:
         super().__init__()
         if pool not in ("avg", "max"):
             raise ValueError(f"small_cnn pool must be avg or max, got {pool!r}")
-        if not 0 <= antialias <= 4:
-            raise ValueError(f"small_cnn antialias must be 0-4 (the last blocks blurred), got {antialias!r}")
         chans = [in_channels, width, width * 2, width * 2, width * 4]
         blocks = []
-        for i, (cin, cout) in enumerate(zip(chans[:-1], chans[1:])):
+        for cin, cout in zip(chans[:-1], chans[1:]):
             conv, norm = nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout)
-            down = BlurMaxPool() if i >= 4 - antialias else nn.MaxPool2d(2, ceil_mode=True)
-            relu = nn.ReLU(inplace=True)
+            down, relu = nn.MaxPool2d(2, ceil_mode=True), nn.ReLU(inplace=True)
             # not conv-BN-pool-ReLU (the same map, the ReLU on a quarter of it): onnxruntime's int8 copy of it strays
             blocks += [conv, down, norm, relu] if pool_first else [conv, norm, relu, down]
         self.features = nn.Sequential(*blocks)
@@ -112,11 +94,11 @@ class PretrainedBackbone(nn.Module):
 
 @BACKBONES.register("small_cnn")
 def small_cnn(in_channels: int = 1, width: int = 64, pool: Literal["avg", "max"] = "avg",
-              pretrained: str | None = None, pool_first: bool = False, antialias: int = 0) -> nn.Module:
+              pretrained: str | None = None, pool_first: bool = False) -> nn.Module:
     """Small 4-block CNN (no ImageNet weights; `pretrained` may be a file path)."""
     if pretrained == "imagenet":
         raise ValueError(f"small_cnn has no ImageNet weights; use {IMAGENET_HINT} or a file path")
-    return _load_file(SmallCNN(in_channels, width, pool, pool_first, antialias), pretrained)
+    return _load_file(SmallCNN(in_channels, width, pool, pool_first), pretrained)
 
 
 @BACKBONES.register("small_resnet")
