@@ -280,17 +280,18 @@ def table(summary: list[dict[str, Any]], episodes: int, ref: str = "current") ->
     return "\n".join(lines)
 
 
-def seed_table(summary: list[dict[str, Any]], seeds: dict[str, list[str]], ref: str) -> str:
-    """Within-alphabet error per seed, and the paired difference to `ref` seed by seed, pooled and for each fold,
-    with a Student t 95% interval over the seeds: it covers the training's own noise, which the episode intervals
-    do not."""
-    rows = {s["recipe"]: s for s in summary}
-    folds = list(summary[0]["within_alphabet_by_fold"])
+def seed_table(summary: list[dict[str, Any]], seeds: dict[str, list[str]], ref: str, folds: list[str],
+               first_seed: int = 0) -> str:
+    """Within-alphabet error per seed (columns named by the seeds, `first_seed` on) over `folds` (rows scored on
+    more folds count those alone; rows without one are left out), and the paired difference to `ref` seed by seed,
+    pooled and for each fold, with a Student t 95% interval over the seeds: it covers the training's own noise,
+    which the episode intervals do not."""
+    rows = {s["recipe"]: s for s in summary if set(folds) <= set(s["within_alphabet_by_fold"])}
     n = len(seeds[ref])
 
-    def errors(members: list[str], fold: str | None = None) -> np.ndarray:
-        return np.array([100 * (rows[m]["within_alphabet"][0] if fold is None else
-                                rows[m]["within_alphabet_by_fold"][fold]) for m in members])
+    def errors(members: list[str], fold: str | None = None) -> np.ndarray:  # folds pooled: equal episodes each
+        return np.array([100 * np.mean([rows[m]["within_alphabet_by_fold"][f] for f in ([fold] if fold else folds)])
+                         for m in members])
 
     def paired(members: list[str], fold: str | None = None) -> str:
         d = errors(members, fold) - errors(seeds[ref], fold)
@@ -299,8 +300,8 @@ def seed_table(summary: list[dict[str, Any]], seeds: dict[str, list[str]], ref: 
 
     by_fold = "".join(f" vs {ref}, fold {f} |" for f in folds)
     lines = [f"Within-alphabet error in % by seed; vs {ref}: mean of the {n} seed-by-seed differences, [t 95% CI], "
-             "both folds pooled and each fold alone",
-             "", f"| recipe | {' | '.join(f'seed {k}' for k in range(n))} | mean | vs {ref} |{by_fold}",
+             f"fold{'s' * (len(folds) > 1)} {' and '.join(folds)} pooled and each fold alone",
+             "", f"| recipe | {' | '.join(f'seed {first_seed + k}' for k in range(n))} | mean | vs {ref} |{by_fold}",
              f"|---|{'---:|' * (n + 2 + len(folds))}"]
     for name, members in seeds.items():
         if not all(m in rows for m in members):
@@ -364,9 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         parser.error(f"--seeds must be 1 or more, got {args.seeds}")
     seeds = {name: [name, *(f"{name}s{k}" for k in range(1, args.seeds))] for name in recipes}
+    first_seeds = {}
     for name in list(recipes):
         base, overrides, what = RECIPES[name]
-        first = int(next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("seed=")), 0))
+        first = first_seeds[name] = int(next((o.split("=", 1)[1] for o in reversed(overrides)
+                                              if o.startswith("seed=")), 0))
         for k in range(1, args.seeds):
             RECIPES[f"{name}s{k}"] = (base, [*overrides, f"seed={first + k}"], f"{what}; seed={first + k}")
         recipes += seeds[name][1:]
@@ -413,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         labels = ["", *(f", {label}" for label in twin_labels({"no TTA": {}, **views}, args.center, args.whiten,
                                                                       args.int8))]
         text += "\n\n" + seed_table([*earlier, *summary], {f"{name}{label}": [f"{m}{label}" for m in members]
-                                               for name, members in seeds.items() for label in labels}, args.ref)
+                                               for name, members in seeds.items() for label in labels}, args.ref,
+                                 args.folds, first_seeds.get(ensembles.get(args.ref, [args.ref])[0], 0))
     text += f"\n\nCommand: python bench/omniglot_oneshot.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
     text += f"\nTotal wall time {time.perf_counter() - t0:.0f} s on {os.cpu_count()} cores."
     print(text)
