@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 from metricsearch.app.index_commands import add_index_commands
 from metricsearch.errors import MetricsearchError
 from metricsearch.models.device import DEVICES
+from metricsearch.models.memory_budget import memory_gb
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -44,8 +45,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{exc.run_dir} already holds a run; pass --resume to continue it, --overwrite to "
                               "replace it, or --set name=OTHER for a new run") from None
     if result.is_main:  # under torchrun, rank 0 speaks for the run
-        summary = {"run_dir": str(result.run_dir), "epochs": result.epochs,
-                   "best_recall_at_1": result.best_recall_at_1, "last": result.last_metrics}
+        summary = {"run_dir": str(result.run_dir), "epochs": result.epochs, "val_recall_at_1": result.val_recall_at_1,
+                   "off_the_shelf": result.off_the_shelf, "test": result.test, "last": result.last_metrics}
         print(json.dumps(summary, indent=None if args.quiet else 2))
     return 0
 
@@ -54,6 +55,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if (args.checkpoint is None) == (args.backbone is None):
         raise ValueError("pass a run directory or checkpoint, or --backbone NAME (off-the-shelf features), "
                          "one of the two")
+    if args.dim is None and (args.fit_images or args.whiten_projection):
+        raise ValueError("--fit-images and --whiten-projection go with --dim D")
+    if args.dim is not None and args.backbone is not None and args.fit_images is None:
+        raise ValueError("--dim with --backbone needs --fit-images SPEC: the images to fit the projection on")
+    projection = {"dim": args.dim, "whiten_projection": args.whiten_projection, "fit_images": args.fit_images}
     if args.backbone is not None:
         from metricsearch.train import export_pretrained
 
@@ -63,7 +69,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
         report = export_pretrained(args.backbone, args.out, args.pretrained or "imagenet", images=args.dataset,
                                    batch_size=args.batch_size, opset=args.opset, atol=args.atol,
-                                   overwrite=args.overwrite)
+                                   overwrite=args.overwrite, **projection)
     else:
         from metricsearch.train import export_onnx
         from metricsearch.train.config import check_views
@@ -72,7 +78,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             raise ValueError("--pretrained goes with --backbone; a checkpoint has its own weights")
         report = export_onnx(args.checkpoint, args.out, dataset=args.dataset, batch_size=args.batch_size,
                              opset=args.opset, atol=args.atol, overwrite=args.overwrite,
-                             views=check_views(args.set or []))
+                             views=check_views(args.set or []), **projection)
     print(json.dumps({"onnx": str(report.path), "max_abs_diff": report.max_abs_diff,
                       "parity_batch": report.batch_size, "embedding_dim": report.embedding_dim}))
     return 0
@@ -102,7 +108,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         from metricsearch.evaluation import evaluate_model
         from metricsearch.models import open_embedder
 
-        embedder = open_embedder(args.model, args.device, args.pixels_size, args.pixels_channels)
+        embedder = open_embedder(args.model, args.device, args.pixels_size, args.pixels_channels,
+                                 memory=memory_gb(args.memory))
         result = evaluate_model(
             embedder, dataset=args.dataset, query=args.query, gallery=args.gallery, split_classes=args.split_classes,
             recall_k=args.recall_k, with_nmi=not args.no_nmi, one_shot_ways=args.one_shot_ways,
@@ -128,13 +135,13 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_registry(title: str, registry, hidden: tuple[str, ...] = ()) -> None:
+def _print_registry(title: str, registry, hidden: tuple[str, ...] = (), names: list[str] | None = None) -> None:
     import inspect
 
     from metricsearch.train.context import CONTEXT_KEYS
 
     print(f"{title}:")
-    for name in registry.names():
+    for name in registry.names() if names is None else names:
         params = ", ".join(
             f"{k}={v!r}" if v is not inspect.Parameter.empty else k
             for k, v in registry.parameters(name).items()
@@ -146,9 +153,14 @@ def _print_registry(title: str, registry, hidden: tuple[str, ...] = ()) -> None:
 
 
 def _cmd_losses(args: argparse.Namespace) -> int:
-    from metricsearch.train.losses import LOSSES
+    from metricsearch.train.losses import LOSSES, learns_proxies
 
-    _print_registry("losses (loss.name=...)", LOSSES)
+    beyond = [name for name in LOSSES.names() if learns_proxies(name)]
+    _print_registry("losses of the five papers (loss.name=...)", LOSSES,
+                    names=[name for name in LOSSES.names() if name not in beyond])
+    print()
+    _print_registry("losses beyond the five papers: proxies, learned per class (loss.name=...; any sampler, "
+                    "random included)", LOSSES, names=beyond)
     return 0
 
 
@@ -211,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = add("train", _cmd_train, "Train an embedder from a YAML config; writes OUTPUT_DIR/NAME/ "
-            "(config.yaml, metrics.jsonl, last.pt, best.pt, training.png).")
+            "(config.yaml, metrics.jsonl, last.pt, best.pt, training.png). best.pt is the epoch with the best "
+            "Recall@1 on validation classes held out of the training classes (--set val_classes=F, default 0.2; "
+            "with fewer than 2 of them, the last epoch); the test classes are scored once, at the end, with it.")
     p.add_argument("--config", help="a YAML config file, or the name of a packaged one (digits, omniglot, demo, "
                    "grocery, cub200, cars196, sop, inshop); without it the digits recipe runs")
     p.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
@@ -241,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", help="data set spec for the parity batch (default: the run's data set; with "
                    "--backbone, random-pixel photos)")
     p.add_argument("--batch-size", type=int, default=32, help="images in the parity batch")
+    p.add_argument("--dim", type=int, help="append a PCA projection to D dimensions, re-normalised (1280-d photo "
+                   "features at 256-d: 5x less memory per item; docs/photos.md), fit on --fit-images")
+    p.add_argument("--fit-images", metavar="SPEC", help="with --dim: the images to fit the projection on (default: "
+                   "the run's training images; needed with --backbone)")
+    p.add_argument("--whiten-projection", action="store_true", help="with --dim: divide each direction by its "
+                   "standard deviation")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |torch - onnxruntime|")
     p.add_argument("--set", action="extend", nargs="+", metavar="KEY=VALUE",
@@ -284,7 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="take C (0 to 1) times the mean gallery embedding from every query and gallery embedding, "
                    "then compare by cosine: the gallery of --query/--gallery, or each one-shot episode's support "
                    "images (Omniglot: 0.5, docs/omniglot.md)")
-    p.add_argument("--batch-size", type=int, default=256, help="images per inference batch")
+    p.add_argument("--batch-size", type=int, help="images per inference batch (default: the largest, at most 64 "
+                   "on a CPU and 256 on a GPU, that keeps the job within --memory)")
+    p.add_argument("--memory", default="2", metavar="GB", help="the job's peak memory budget in GB, which chooses "
+                   "the batch (default: 2)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="onnxruntime device")
     p.add_argument("--pixels-size", type=int, default=28, help="side of the resized image for --model pixels")
     p.add_argument("--pixels-channels", type=int, default=1, choices=[1, 3], help="channels for --model pixels")
@@ -317,11 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     who = p.add_mutually_exclusive_group()
     who.add_argument("--auth", metavar="USER:PASS", help="require this login (others on the machine can see "
                      "it in `ps`: prefer --auth-file); without --auth or --auth-file the page needs no login")
-    who.add_argument("--auth-file", metavar="FILE", help="require a login from FILE: one USER:PASS per line")
-    p.add_argument("--max-upload-mb", type=float, default=10, help="largest upload accepted, in MB")
-    p.add_argument("--max-megapixels", type=float, default=25, help="largest query image accepted, in megapixels")
-    p.add_argument("--concurrency", type=int, default=4, help="searches run at once; requests that arrive "
-                   "together share one inference call")
+    who.add_argument("--auth-file", metavar="FILE", help="require a login from FILE (a regular text file): one "
+                     "USER:PASS per line")
+    p.add_argument("--max-upload-mb", type=float, default=10, help="largest upload accepted, in MB (at most 1024)")
+    p.add_argument("--max-megapixels", type=float, default=25, help="largest query image accepted, in megapixels "
+                   "(at most 100)")
+    p.add_argument("--concurrency", type=int, default=4, help="searches run at once (at most 64); requests that "
+                   "arrive together share one inference call")
 
     p = add("demo", _cmd_demo, "The whole chain, offline: train, export to ONNX, index the test classes, "
             "print the evaluation and a sample search, then serve the page. A second run reuses what is there.")

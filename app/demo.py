@@ -104,7 +104,7 @@ def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch
         log(f"[1/5] train: {dataset} into {run_dir}")
         resume = (run_dir / "last.pt").is_file()  # a run cut short goes on where it stopped
         result = train(demo_config(dataset, workdir), resume=resume, overwrite=not resume, progress=True)
-        state.finish("train", {"best_recall_at_1": result.best_recall_at_1, "epochs": result.epochs})
+        state.finish("train", {"val_recall_at_1": result.val_recall_at_1, "epochs": result.epochs})
     exported = state.done("export", model)
     source = f", exported from {exported['checkpoint']}," if exported and "checkpoint" in exported else ""
     if not reuse(2, "export", exported, f"the model {model}{source} {again}"):
@@ -151,15 +151,17 @@ def run_demo(dataset: str = DEFAULT_DATASET, workdir: str | Path = "metricsearch
 
 
 def _exported_checkpoint(run_dir: Path) -> tuple[Path, str]:
-    """The checkpoint the demo exports (best.pt, else last.pt) and why, from the run's metrics.jsonl."""
+    """The checkpoint the demo exports (best.pt, else last.pt) and why, from the run's metrics.jsonl: its epoch rows
+    and its final record, the test classes scored once with best.pt."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evaluated = [row for row in rows if row.get("recall_at_k")]
-    if not evaluated or not (run_dir / "best.pt").is_file():
-        return run_dir / "last.pt", f"the last epoch ({len(rows)}); no epoch was evaluated on the held-out classes"
-    best = max(evaluated, key=lambda row: row["recall_at_k"]["1"])  # the first of equals, as the trainer keeps
-    last = "; it is also the last epoch" if best["epoch"] == len(rows) else f"; last.pt holds the last, {len(rows)}"
-    return run_dir / "best.pt", (f"epoch {best['epoch']} of {len(rows)}, the evaluated epoch with the best Recall@1 "
-                                 f"on the held-out classes ({best['recall_at_k']['1']:.4f}){last}")
+    epochs = sum(1 for row in rows if row.get("epoch") and row.get("split") != "test")
+    test = next((row for row in rows if row.get("split") == "test"), None)
+    if test is None or not (run_dir / "best.pt").is_file():
+        return run_dir / "last.pt", f"the last epoch ({epochs}); the run did not score its test classes"
+    how = ("the last epoch, no validation classes" if test["chosen_by"] == "last epoch"
+           else "the best Recall@1 on the validation classes")
+    return run_dir / "best.pt", (f"epoch {test['epoch']} of {epochs}, {how}; Recall@1 {test['recall_at_k']['1']:.4f} "
+                                 "on the test classes, scored once")
 
 
 def compare_with_pixels(dataset: str, model: Path) -> dict[str, dict[str, Any]]:
@@ -170,7 +172,7 @@ def compare_with_pixels(dataset: str, model: Path) -> dict[str, dict[str, Any]]:
     from metricsearch.models import OnnxEmbedder, PixelEmbedder
 
     split = load_split(dataset)
-    trained = OnnxEmbedder(model)
+    trained = OnnxEmbedder(model, arena=False)  # batch jobs: see OnnxEmbedder
     pixels = PixelEmbedder(trained.preprocessing.size, trained.preprocessing.channels)
     ways = ONE_SHOT_WAYS if split.test.groups is not None else None
     return {name: evaluate_split(embedder.embed_set, split, one_shot_ways=ways,
@@ -256,7 +258,7 @@ def compare_with_off_the_shelf(photos: dict[str, str], model: Path, baseline: Pa
         export_pretrained(backbone, baseline, images=photos["query"])
     figures: dict[str, Any] = {}
     for name, path in (("off-the-shelf", baseline), ("fine-tuned", model)):
-        embedder = OnnxEmbedder(path)
+        embedder = OnnxEmbedder(path, arena=False)
         photo = evaluate_model(embedder, query=photos["query"], gallery=photos["gallery"], recall_k=(1,),
                                with_nmi=False)
         shop = evaluate_model(embedder, query=photos["query"], gallery=photos["catalogue"], recall_k=(1,),

@@ -9,6 +9,7 @@ import sys
 from typing import Callable
 
 from metricsearch.models.device import DEVICES
+from metricsearch.models.memory_budget import memory_gb
 
 DEVICE_HELP = "auto: CUDA for onnxruntime and GPUs for faiss when they are there; cpu or cuda to force"
 
@@ -33,7 +34,8 @@ def _print_summary(summary, as_json: bool) -> None:
 
 def _index_options(args: argparse.Namespace) -> dict:
     """The IndexOptions fields that `index build` and `index add` share, from their arguments."""
-    return {"part": args.part, "batch_size": args.batch, "workers": args.workers, "device": args.device,
+    return {"part": args.part, "batch_size": args.batch, "memory": memory_gb(args.memory), "workers": args.workers,
+            "device": args.device,
             "progress": not args.json, "engine": args.engine, "ray_address": args.ray_address,
             "ray_actors": args.ray_actors}
 
@@ -43,7 +45,8 @@ def _build(args: argparse.Namespace) -> int:
 
     options = BuildOptions(**_index_options(args), index=args.index, resume=args.resume, overwrite=args.overwrite,
                            thumbnail_size=0 if args.no_thumbnails else args.thumbnail_size,
-                           max_pixels=args.max_pixels, min_side=args.min_side)
+                           max_pixels=args.max_pixels, min_side=args.min_side, ray_shards=args.ray_shards,
+                           index_memory=None if args.index_memory is None else int(args.index_memory * 2**30))
     _print_summary(build_gallery(args.model, args.images, args.db, options), args.json)
     return 0
 
@@ -123,7 +126,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """`metricsearch search`: the nearest gallery items of one query image."""
     from metricsearch.index import Gallery
 
-    with Gallery.open(args.db, model=args.model, device=args.device) as gallery:
+    with Gallery.open(args.db, model=args.model, device=args.device, mmap=args.mmap or None) as gallery:
         hits = gallery.search([args.image], k=args.k, label=args.label)[0]
     if args.json:
         print(json.dumps(hits.to_list()))
@@ -151,7 +154,10 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
                        "files:PATH (every image below, no labels), csv:FILE (columns path, label), or any adapter")
         p.add_argument("--part", "--split", dest="part", choices=["train", "test"],
                        help="only this part of a split spec (default: all; --split is its old name)")
-        p.add_argument("--batch", type=int, default=256, help="images per inference batch and per LMDB transaction")
+        p.add_argument("--batch", type=int, help="images per inference batch and per LMDB transaction (default: the "
+                       "largest, at most 64 on a CPU and 256 on a GPU, that keeps the job within --memory)")
+        p.add_argument("--memory", default="2", metavar="GB", help="the job's peak memory budget in GB, which "
+                       "chooses the batch (default: 2)")
         p.add_argument("--workers", type=int, help="decoding threads (default: one per core, at most 8)")
         p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
         p.add_argument("--json", action="store_true", help="print the summary as one JSON object, no progress bar")
@@ -171,8 +177,16 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
                    "is short; tunes each to recall@10 0.95, times each, keeps the fastest), flat, ivf, ivfpq, hnsw, "
                    "or a faiss factory string (default: auto); with --resume, replaces the request of an unfinished "
                    "build")
+    p.add_argument("--index-memory", type=float, metavar="GB", help="memory the faiss index build may use: with "
+                   "--index auto the index takes at most half, and when no float index fits, compressed codes "
+                   "(IVF-SQ8, IVF-PQ, OPQ + IVF-PQ) that re-rank a shortlist with the stored vectors (default: the "
+                   "memory available)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted build where its committed work ends")
     p.add_argument("--overwrite", action="store_true", help="replace a gallery that is already in --db")
+    p.add_argument("--ray-shards", type=int, help="with --engine ray, Ray tasks that each add a shard of the vectors "
+                   "to an IVF index trained once here, their inverted lists merged here (default: one per CPU of a "
+                   "cluster of several machines from 1,000,000 items, else none; 1: none); flat and HNSW are built "
+                   "here")
     p.add_argument("--thumbnail-size", type=int, default=256, help="long side of the stored thumbnails, in pixels")
     p.add_argument("--no-thumbnails", action="store_true", help="store no thumbnails")
     p.add_argument("--max-pixels", type=int, default=64_000_000, help="larger images are refused (decompression bombs)")
@@ -215,6 +229,8 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     p.add_argument("--image", required=True, help="the query image file")
     p.add_argument("-k", type=int, default=10, help="how many items to return (at most the gallery's item count)")
     p.add_argument("--label", help="only items with this label")
+    p.add_argument("--mmap", action="store_true", help="memory-map the faiss index from its file instead of loading "
+                   "it (default: when the file is larger than half the memory available)")
     p.add_argument("--model", help="refuse unless this .onnx file is the gallery's model")
     p.add_argument("--device", choices=DEVICES, default="auto", help=DEVICE_HELP)
     p.add_argument("--json", action="store_true", help='print a JSON list of {"id", "score", "label", "path"}')

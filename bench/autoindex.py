@@ -1,13 +1,21 @@
 """The automatic index against autofaiss and swept structures: `metricsearch.index.build_index` (auto)
 beside autofaiss's `build_index` (its defaults, and its time budget set to our per-query time) and
-HNSW32 / IVF-Flat swept over efSearch / nprobe, on clustered 128-d unit vectors and 2,000 new queries.
+HNSW32 / IVF-Flat / IVF-HNSW swept over efSearch / nprobe (IVF at the rule's list count and at 16 sqrt(N),
+as an outside check did; IVF-HNSW at 16 sqrt(N) and N/64 lists), on clustered 128-d unit vectors and 2,000
+new queries, from two generators: `uniform` (bench/index.py's: classes of 50, spreads 0.3-0.9) and `pareto`
+(class sizes from a Pareto law, a few huge and many tiny, spreads log-uniform 0.2-0.8: data `auto` was not
+tuned on). The ratio table says, per generator and size, `auto`'s QPS at batch 256 over the best swept
+setting at equal or better recall@10.
 
-    python bench/autoindex.py                       # 100k and 1M (about 15 minutes on 2 idle CPU cores)
-    python bench/autoindex.py --sizes 100000        # 100k only
+    python bench/autoindex.py                                       # both generators, 10k to 2M: hours
+    python bench/autoindex.py --sizes 10000 100000 300000           # about 10 minutes a generator, 2 busy cores
+    python bench/autoindex.py --sizes 1000000 --generators pareto   # about 15 minutes on 2 idle cores
+    python bench/autoindex.py --sizes 2000000 --generators pareto   # about 40 minutes (not run here yet)
 
 autofaiss is a bench-only dependency, installed beside the project (it pins numpy < 2, so by hand):
 `pip install --no-deps autofaiss==2.18.0 embedding_reader fire termcolor`; without it its rows are
-skipped with a message. Writes bench/results/autoindex.md and .json; recall@10 is against exact search.
+skipped with a message. Writes bench/results/<--out>.md and .json (default autoindex); recall@10 is against
+exact search.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import math
 import sys
 import time
 from pathlib import Path
@@ -24,7 +33,7 @@ import faiss
 import numpy as np
 
 from metricsearch.index import build_index
-from metricsearch.index.autoindex import candidates, index_bytes_at
+from metricsearch.index.autoindex import HNSW_QUANTIZER_POINTS, candidates, index_bytes_at
 from metricsearch.index.faiss_index import build_index as build_factory, ivf_lists, recall_without_self, set_param, tune
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -32,8 +41,37 @@ from index import clustered  # noqa: E402  (the vectors of bench/index.py)
 
 RESULTS = Path(__file__).with_name("results")
 K = 10
-SWEEP = {"IDMap,HNSW32": ("efSearch", [10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]),
-         "IVF,Flat": ("nprobe", [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256])}
+EF_SEARCH = [10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+NPROBE = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+
+
+def pareto_clustered(n: int, clusters: int, dim: int = 128, draw: int = 0, alpha: float = 1.2) -> np.ndarray:
+    """Unit vectors around `clusters` random centres whose sizes follow a Pareto law (weights 1 + Pareto(alpha):
+    a few classes of thousands, most of a handful) and whose spreads per dimension are log-uniform in 0.2-0.8
+    (a mean cosine within a class of about 0.6 to 0.96); `draw` takes another sample."""
+    fixed = np.random.default_rng(54321)
+    centres = fixed.normal(size=(clusters, dim)).astype(np.float32)
+    weights = fixed.pareto(alpha, clusters) + 1.0
+    spreads = np.exp(fixed.uniform(np.log(0.2), np.log(0.8), clusters)).astype(np.float32)
+    rng = np.random.default_rng(draw + 1)
+    x = np.empty((n, dim), np.float32)
+    for start in range(0, n, 100_000):  # in chunks: a few hundred MB at 1M, not gigabytes
+        c = rng.choice(clusters, min(100_000, n - start), p=weights / weights.sum())
+        part = centres[c] + spreads[c, None] * rng.standard_normal((len(c), dim), dtype=np.float32)
+        x[start:start + len(c)] = part / np.linalg.norm(part, axis=1, keepdims=True)
+    return x
+
+
+GENERATORS = {"uniform": clustered, "pareto": pareto_clustered}
+
+
+def swept_factories(n: int) -> list[str]:
+    """What is swept at n: HNSW32; IVF-Flat at the rule's lists and, below 500k, at 16 sqrt(N) (flat k-means over
+    more lists takes hours above); IVF with an HNSW quantizer at 16 sqrt(N) and N / 64 lists (powers of two)."""
+    wide, per_64 = 2 ** round(math.log2(16 * math.sqrt(n))), 2 ** round(math.log2(n / HNSW_QUANTIZER_POINTS))
+    flat = [ivf_lists(n)] + ([int(16 * math.sqrt(n))] if n < 500_000 else [])
+    return (["IDMap,HNSW32"] + [f"IVF{c},Flat" for c in dict.fromkeys(flat)]
+            + [f"IVF{c}_HNSW32,Flat" for c in dict.fromkeys([wide, per_64]) if c <= n // 16])
 
 
 def recall(index: faiss.Index, queries: np.ndarray, exact: np.ndarray) -> float:
@@ -90,13 +128,12 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndar
     """One index built on its own, its recall at each value of its search parameter up to recall 0.995;
     IVF-Flat at the rule's lists is also tuned as `auto` did before it measured candidates (its cost)."""
     n = len(vectors)
-    factory = factory.replace("IVF,", f"IVF{ivf_lists(n)},")
     start = time.perf_counter()
     index, rows = build_factory(vectors, np.arange(n, dtype=np.int64), factory)
     build_s = time.perf_counter() - start
-    name, values = SWEEP[factory if factory.startswith("IDMap") else "IVF,Flat"]
+    name, values = ("efSearch", EF_SEARCH) if factory.startswith("IDMap") else ("nprobe", NPROBE)
     tune_s = None
-    if name == "nprobe":
+    if factory == f"IVF{ivf_lists(n)},Flat":
         start = time.perf_counter()
         tune(index, vectors, np.arange(n, dtype=np.int64), np.setdiff1d(np.arange(n), rows))
         tune_s = time.perf_counter() - start
@@ -112,11 +149,11 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndar
             "memory_mb": index_bytes_at(index, n) / 1e6, "points": points}
 
 
-def bench(n: int) -> dict:
-    vectors = clustered(n, n // 50)
-    queries = clustered(2000, n // 50, draw=99)  # new vectors of the same distribution
+def bench(n: int, generator: str) -> dict:
+    vectors = GENERATORS[generator](n, n // 50)
+    queries = GENERATORS[generator](2000, n // 50, draw=99)  # new vectors of the same distribution
     exact = faiss.knn(queries, vectors, K, metric=faiss.METRIC_INNER_PRODUCT)[1]
-    out: dict = {"n": n, "load_before": os.getloadavg()}
+    out: dict = {"n": n, "generator": generator, "load_before": os.getloadavg()}
     start = time.perf_counter()
     index, report = build_index(vectors)
     out["auto"] = {"index": report["factory"], "params": report["params"], "build_s": time.perf_counter() - start,
@@ -125,7 +162,7 @@ def bench(n: int) -> dict:
           flush=True)
     (name, value), = report["params"].items() or [(None, None)]
     out["auto"].update(param=name, value=value)  # set again before each timed call: a sweep may share the index
-    out["sweeps"] = [sweep(f, vectors, queries, exact) for f in SWEEP]
+    out["sweeps"] = [sweep(f, vectors, queries, exact) for f in swept_factories(n)]
     # autofaiss's budget: our per-query time at batch 256
     out["autofaiss_defaults"], out["autofaiss_budget"] = run_autofaiss(vectors, report["ms_batch_256"])
     entries = [e for e in (out["auto"], out["autofaiss_defaults"], out["autofaiss_budget"]) if e]
@@ -155,8 +192,13 @@ def first_at(sweep_: dict, recall: float) -> dict | None:
     return next((p for p in sweep_["points"] if p["recall_at_10"] >= recall and "qps_256" in p), None)
 
 
+def label(r: dict) -> str:
+    """A result's row name: its generator and size."""
+    return f"{r['generator']} {r['n']:,}"
+
+
 def table(results: list[dict]) -> str:
-    lines = ["| N | method | index | setting | build + tune (s) | recall@10 | QPS batch 256 | p50 batch 1 (ms) | "
+    lines = ["| data, N | method | index | setting | build + tune (s) | recall@10 | QPS batch 256 | p50 batch 1 (ms) | "
              "memory (MB) |",
              "|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -164,22 +206,23 @@ def table(results: list[dict]) -> str:
                 ("autofaiss, k=10, our time as budget", r["autofaiss_budget"])]
         for name, m in rows:
             if m is None:
-                lines.append(f"| {r['n']:,} | {name} | not run: autofaiss is not installed | | | | | | |")
+                lines.append(f"| {label(r)} | {name} | not run: autofaiss is not installed | | | | | | |")
                 continue
             params = (m["params"] if isinstance(m["params"], str)
                       else ",".join(f"{k}={v}" for k, v in m["params"].items()))
-            lines.append(f"| {r['n']:,} | {name} | {m['index']} | {params or 'exact'} | {m['build_s']:.0f} | "
+            lines.append(f"| {label(r)} | {name} | {m['index']} | {params or 'exact'} | {m['build_s']:.0f} | "
                          f"{m['recall_at_10']:.3f} | {m['qps_256']:,.0f} | {m['p50_ms_1']:.3f} | "
                          f"{m['memory_mb']:.0f} |")
         for s in r["sweeps"]:
             for p in s["points"]:
                 if "qps_256" in p:
-                    lines.append(f"| {r['n']:,} | swept | {s['index']} | {s['param']}={p['value']} | "
+                    lines.append(f"| {label(r)} | swept | {s['index']} | {s['param']}={p['value']} | "
                                  f"{s['build_s']:.0f} (build) | {p['recall_at_10']:.3f} | {p['qps_256']:,.0f} | "
                                  f"{p['p50_ms_1']:.3f} | {s['memory_mb']:.0f} |")
-    lines += ["", "| N | our recall@10 | best swept at equal or better recall | our QPS / its QPS | "
-              "our QPS / autofaiss defaults' (its recall) | load (1-min avg) before / after |",
-              "|---:|---:|---|---:|---:|---|"]
+    lines += ["", "| data, N | our recall@10 | best swept at equal or better recall | our QPS / its QPS | "
+              "best swept at recall@10 >= 0.95: our QPS / its | our QPS / autofaiss defaults' (its recall) | "
+              "load (1-min avg) before / after |",
+              "|---:|---:|---|---:|---|---:|---|"]
     for r in results:
         ours = r["auto"]
         best = best_swept(r, ours["recall_at_10"])
@@ -187,31 +230,39 @@ def table(results: list[dict]) -> str:
                  f"{best['qps_256']:,.0f} QPS" if best else "none")
         d = r["autofaiss_defaults"]
         vs_af = f"{ours['qps_256'] / d['qps_256']:.1f}x ({d['recall_at_10']:.3f})" if d else "autofaiss not installed"
-        ratio = f"**{ours['qps_256'] / best['qps_256']:.2f}x**" if best else "-"
-        lines.append(f"| {r['n']:,} | {ours['recall_at_10']:.3f} | {swept} | {ratio} | {vs_af} | "
+        ratio = f"**{ours['qps_256'] / best['qps_256']:.2f}x**" if best else "- (none swept reaches it)"
+        floor = best_swept(r, 0.95)
+        at_floor = (f"{floor['index']} {floor['param']}={floor['value']} ({floor['recall_at_10']:.3f}): "
+                    f"{ours['qps_256'] / floor['qps_256']:.2f}x" if floor else "none")
+        lines.append(f"| {label(r)} | {ours['recall_at_10']:.3f} | {swept} | {ratio} | {at_floor} | {vs_af} | "
                      f"{r['load_before'][0]:.1f} / {r['load_after'][0]:.1f} |")
-    lines += ["", "| N | `auto`: first candidate, build + tune (s) | its budget (s) | `auto` in all (s) | "
+    lines += ["", "| data, N | `auto`: first candidate, build + tune (s) | its budget (s) | `auto` in all (s) | "
               "before (IVF-Flat by rule, faiss's k-means): build + tune (s) | `auto` / before |",
               "|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        report, ivf = r["auto"]["report"], next(s for s in r["sweeps"] if s["param"] == "nprobe")
+        report, ivf = r["auto"]["report"], next(s for s in r["sweeps"] if s["tune_s"] is not None)
         before = ivf["build_s"] + ivf["tune_s"]
-        lines.append(f"| {r['n']:,} | {report['reference_s']:.0f} | {report['budget_s']:.0f} | "
+        if report["reference_s"] is None:  # exact search alone: nothing compared
+            lines.append(f"| {label(r)} | exact search alone | | {r['auto']['build_s']:.0f} | "
+                         f"{before:.0f} | **{r['auto']['build_s'] / before:.1f}x** |")
+            continue
+        lines.append(f"| {label(r)} | {report['reference_s']:.0f} | {report['budget_s']:.0f} | "
                      f"{r['auto']['build_s']:.0f} | {before:.0f} | **{r['auto']['build_s'] / before:.1f}x** |")
     lines += ["", "`auto`'s candidates, each built on all N and tuned on 4,000 gallery vectors held out of training "
               "(recall@10 with its lower 95% bound), timed in turn on this machine; * the choice:", "",
-              "| N | candidate | setting | recall@10 (lower bound) | us/query batch 256 | us batch 1 | build (s) |",
+              "| data, N | candidate | setting | recall@10 (lower bound) | us/query batch 256 | us batch 1 | "
+              "build (s) |",
               "|---:|---|---|---:|---:|---:|---:|"]
     for r in results:
         report = r["auto"]["report"]
         for c in report["candidates"]:
             mark = "*" if c["factory"] == report["factory"] else ""
             params = ",".join(f"{k}={v}" for k, v in c["params"].items()) or "exact"
-            lines.append(f"| {r['n']:,} | {mark}{c['factory']} | {params} | "
+            lines.append(f"| {label(r)} | {mark}{c['factory']} | {params} | "
                          f"{c['recall_at_10']:.3f} ({c['recall_at_10_lower']:.3f}) | "
                          f"{c['ms_batch_256'] * 1e3:.1f} | {c['ms_batch_1'] * 1e3:.1f} | {c['build_s']:.0f} |")
         for c in report["skipped"]:
-            lines.append(f"| {r['n']:,} | {c['factory']} | skipped: {c['reason']} | | | | |")
+            lines.append(f"| {label(r)} | {c['factory']} | skipped: {c['reason']} | | | | |")
     ten = candidates(10_000_000, 128, memory=2**40)
     lines += ["", f"10,000,000: not run (float32 vectors alone take 5.1 GB, and one build of the IVF candidates about "
               f"10x the 1M time on 2 cores). The candidates would be {', '.join(c.factory for c in ten)}; the HNSW "
@@ -221,14 +272,18 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000], help="gallery sizes")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 300_000, 1_000_000, 2_000_000],
+                        help="gallery sizes")
+    parser.add_argument("--generators", nargs="*", choices=list(GENERATORS), default=list(GENERATORS),
+                        help="the vectors: uniform (bench/index.py's classes) and pareto (uneven sizes and spreads)")
+    parser.add_argument("--out", default="autoindex", help="results file name under bench/results (.md, .json)")
     args = parser.parse_args()
-    results = [bench(n) for n in args.sizes]
+    results = [bench(n, generator) for generator in args.generators for n in args.sizes]
     text = table(results)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "autoindex.md").write_text(text + "\n")
-    (RESULTS / "autoindex.json").write_text(json.dumps(results, indent=1, default=float))
+    (RESULTS / f"{args.out}.md").write_text(text + "\n")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1, default=float))
 
 
 if __name__ == "__main__":

@@ -135,8 +135,9 @@ def clustered(n: int, clusters: int, dim: int = 128, draw: int = 0) -> np.ndarra
     return x
 
 
-def synthetic_gallery(db: Path, vectors: np.ndarray, model: Path, chunk: int = 20_000) -> None:
-    """A gallery of precomputed vectors through the real writer and index stage (no images, no thumbnails)."""
+def synthetic_gallery(db: Path, vectors: np.ndarray, model: Path, chunk: int = 20_000, index: bool = True) -> None:
+    """A gallery of precomputed vectors through the real writer and index stage (no images, no thumbnails);
+    without `index`, its LMDB only (no faiss index yet)."""
     store = Store.open(db, writable=True)
     try:
         _create(store, db, model, OnnxEmbedder(model, "cpu"), ReadSettings(thumbnail_size=0), "auto", "synthetic", None)
@@ -145,7 +146,8 @@ def synthetic_gallery(db: Path, vectors: np.ndarray, model: Path, chunk: int = 2
             items = [ReadItem(i, f"synthetic/{i:07d}", f"c{i % 1000}", sha256=hashlib.sha256(b"%d" % i).digest(),
                               size=512) for i in range(start, min(start + chunk, len(vectors)))]
             writer.write_batch(items, vectors[start:start + chunk])
-        build_faiss(store, db, None, "cpu")
+        if index:
+            build_faiss(store, db, None, "cpu")
     finally:
         store.close()
 

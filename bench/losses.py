@@ -89,11 +89,12 @@ def cell(ms: float | str) -> str:
     return ms if isinstance(ms, str) else f"{ms:.2f}"
 
 
-def ours(name: str, labels: Tensor, device: torch.device) -> LossFn:
-    """Our loss `name` with its defaults; class statistics, where it takes them, from the batch."""
+def ours(name: str, labels: Tensor, device: torch.device, dim: int) -> LossFn:
+    """Our loss `name` with its defaults; class statistics, where it takes them, from the batch (proxies: one class
+    each, of `dim` dimensions)."""
     classes, counts = torch.unique(labels, return_counts=True)
     class_counts = dict(zip(classes.tolist(), counts.tolist()))
-    context = TrainContext(labels.cpu().numpy(), class_counts, len(class_counts), len(labels))
+    context = TrainContext(labels.cpu().numpy(), class_counts, len(class_counts), len(labels), embedding_dim=dim)
     module: nn.Module = build(name, context)
     return module.to(device)
 
@@ -114,7 +115,7 @@ def bench_device(args: argparse.Namespace, device: torch.device) -> None:
         for name in names():
             torch.manual_seed(0)
             emb, labels = batch(size, args.dim, device)
-            mine = attempt_ms(lambda: ours(name, labels, device), emb, labels, args.repeats)
+            mine = attempt_ms(lambda: ours(name, labels, device, args.dim), emb, labels, args.repeats)
             ours_ms = cell(mine)
             pml_ms, ratio = "-", "-"
             if name in equivalents:

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import cars196, csvlist, cub200, digits, files, folder, grocery, inshop, omniglot, sop
-from .base import (SPLIT_MODES, DataSplit, ImageSet, concat_sets, original_images, relabel, resplit,
-                   with_transformed_classes)
+from .base import (SPLIT_MODES, DataSplit, ImageSet, concat_sets, hold_out_validation, original_images, relabel,
+                   resplit, with_transformed_classes)
 from .download import fetch
-from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image
+from .images import DEFAULT_MAX_PIXELS, UnreadableImageError, load_image, pixel_count
 
 __all__ = ["DEFAULT_MAX_PIXELS", "PARTS", "SPLIT_MODES", "DataSplit", "ImageSet", "UnreadableImageError", "adapters",
-           "concat_sets", "load_image", "load_image_set", "load_query_gallery", "load_split", "resplit",
+           "concat_sets", "load_image", "load_image_set", "load_query_gallery", "load_split", "pixel_count", "resplit",
            "original_images", "with_transformed_classes"]
 
 
@@ -69,11 +69,13 @@ def _parse(spec: str) -> tuple[str, Path | None]:
 
 
 def load_split(spec: str, *, download: bool = False, split_classes: float | None = None,
-               split: str = "test") -> DataSplit:
+               split: str = "test", val_classes: float | None = None, seed: int = 0) -> DataSplit:
     """The class-disjoint train/test split named by `spec`; `download` fetches a missing public data set;
     `split` = test (as the data set defines it), swap (train and test exchanged) or all (final fit: every
-    class trains, the test part is empty), see `resplit`."""
-    return resplit(_load_split(spec, download, split_classes), split or "test")
+    class trains, the test part is empty), see `resplit`; `val_classes` (a training run's): that fraction of the
+    training classes, drawn with `seed`, becomes the validation part (`hold_out_validation`)."""
+    parts = resplit(_load_split(spec, download, split_classes), split or "test")
+    return parts if val_classes is None else hold_out_validation(parts, val_classes, seed)
 
 
 def _load_split(spec: str, download: bool, split_classes: float | None) -> DataSplit:
@@ -86,7 +88,8 @@ def _load_split(spec: str, download: bool, split_classes: float | None) -> DataS
             raise ValueError("folder: data sets cannot be downloaded; drop download: true from the config")
         return folder.load(root, split_classes)
     if split_classes is not None:
-        raise ValueError(f"{name} has a fixed class split; --split-classes applies to folder:PATH only")
+        raise ValueError(f"{name} has a fixed class split; --split-classes (train: split_classes) applies to "
+                         "folder:PATH only")
     if root is None:
         return digits.load()
     try:

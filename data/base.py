@@ -92,6 +92,8 @@ class DataSplit:
     query: ImageSet | None = None
     gallery: ImageSet | None = None
     notes: list[str] = field(default_factory=list)
+    #: classes carved out of the training classes (`hold_out_validation`): not trained on, they choose the checkpoint
+    val: ImageSet | None = None
 
 
 def image_set(
@@ -189,6 +191,39 @@ def resplit(split: DataSplit, mode: str = "test") -> DataSplit:
         return replace(split, train=train, test=train.subset([]), query=None, gallery=None,
                        notes=[*split.notes, note])
     raise ValueError(f"unknown split {mode!r}; choose one of {', '.join(SPLIT_MODES)}")
+
+
+#: the fewest validation classes (and training classes left beside them) a run chooses its checkpoint with; with
+#: fewer it keeps its last epoch (at val_classes 0.2: 8 training classes or more validate)
+MIN_VAL_CLASSES = 2
+
+
+def hold_out_validation(split: DataSplit, fraction: float, seed: int) -> DataSplit:
+    """The split with round(`fraction` x its training classes), drawn with `seed`, moved from train to `val` (every
+    image of those classes; they are never trained on), and a note saying so; the split as it is, with a note on what
+    the run keeps instead, for a final fit (nothing held out), a fraction of 0, or too few classes (MIN_VAL_CLASSES)."""
+    if len(split.test) == 0:
+        return split
+    names = split.train.class_names
+    count = round(fraction * len(names))
+    if fraction == 0 or count < MIN_VAL_CLASSES or len(names) - count < MIN_VAL_CLASSES:
+        why = ("val_classes is 0" if fraction == 0 else
+               f"at val_classes {fraction:g}, {count} of the {len(names)} training classes would validate, too few "
+               f"(choosing a checkpoint takes {MIN_VAL_CLASSES} of them and {MIN_VAL_CLASSES} left to train)")
+        return replace(split, notes=[*split.notes, f"no validation classes: {why}; best.pt is the last epoch, "
+                                                   "which the test classes score once at the end"])
+    chosen = np.sort(np.random.default_rng(seed).choice(len(names), size=count, replace=False))
+    held = np.isin(split.train.labels, chosen)
+    shown = ", ".join(names[k] for k in chosen[:5]) + (", ..." if count > 5 else "")
+    note = (f"validation: {count} of the {len(names)} training classes ({shown}; drawn with seed {seed}) choose the "
+            "checkpoint and are not trained on; the test classes are scored once, at the end")
+    return replace(split, train=_own_classes(split.train.subset(np.flatnonzero(~held))),
+                   val=_own_classes(split.train.subset(np.flatnonzero(held))), notes=[*split.notes, note])
+
+
+def _own_classes(images: ImageSet) -> ImageSet:
+    """`images` relabelled to the classes it holds (0..C-1 in name order)."""
+    return relabel(images, sorted({images.class_names[k] for k in images.labels}))
 
 
 

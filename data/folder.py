@@ -24,15 +24,15 @@ def load(root: Path, split_classes: float | None) -> DataSplit:
     if has_train and has_test:
         if split_classes is not None:
             raise ValueError(
-                f"{spec} already has train/ and test/ sub-folders; drop --split-classes "
+                f"{spec} already has train/ and test/ sub-folders; drop --split-classes (train: split_classes) "
                 "or point at a folder of class sub-folders"
             )
         return make_split(spec, load_set(root / "train"), load_set(root / "test"), RECALL_K_SMALL)
     if split_classes is None:
         hint = " (it has only one of train/ and test/)" if has_train or has_test else ""
         raise ValueError(
-            f"{spec} has no train/ and test/ sub-folders{hint}: pass --split-classes F "
-            "(e.g. 0.5: the first half of the classes by name train, the rest test) "
+            f"{spec} has no train/ and test/ sub-folders{hint}: pass --split-classes F (`train`: --set "
+            "split_classes=F; e.g. 0.5: the first half of the classes by name train, the rest test) "
             "or make train/ and test/ sub-folders, each with one sub-folder per class"
         )
     if not 0.0 < split_classes < 1.0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -33,29 +34,50 @@ def _opened(source: ImageSource) -> Image.Image:
     return Image.open(source)
 
 
+#: pixels that `to_mode` converts at a time: its temporaries are a strip of rows, never a full-size copy
+STRIP_PIXELS = 1 << 20
+#: PIL modes with an alpha band, put on white by `to_mode`
+ALPHA_MODES = ("PA", "LA", "RGBA", "La", "RGBa")
+
+
 def to_mode(image: Image.Image, mode: str | None) -> Image.Image:
-    """The image in PIL `mode` (None: RGB or L as it is), 16-bit scaled, transparency on white."""
+    """The image in PIL `mode` (None: RGB or L as it is), 16-bit scaled, transparency on white; a 16/32-bit, float
+    or transparent image converted a strip of rows at a time (the result is its only full-size allocation)."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        image = _to_8bit(image)
-    elif image.mode == "F":
-        image = Image.fromarray(np.clip(np.asarray(image), 0, 255).astype(np.uint8), "L")
-    if image.mode == "P" and "transparency" in image.info or image.mode in ("PA", "LA", "RGBA", "La", "RGBa"):
-        rgba = image.convert("RGBA")
-        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+        peak = 65535 if image.mode.startswith("I;16") or image.getextrema()[1] > 255 else 255
+        return _by_strips(image, mode or "L", lambda strip: _to_8bit(strip, peak))
+    if image.mode == "F":
+        return _by_strips(image, mode or "L", _clipped)
+    if image.mode == "P" and "transparency" in image.info or image.mode in ALPHA_MODES:
+        return _by_strips(image, mode or "RGB", _on_white)
     target = mode or ("L" if image.mode in ("1", "L") else "RGB")
     return image if image.mode == target else image.convert(target)
 
 
-def _to_8bit(image: Image.Image, rows_per_step: int = 256) -> Image.Image:
-    """A 16- or 32-bit integer image as 8-bit L, rounded from 0..65535 (or 0..255 when every value fits),
-    a few rows at a time: no full-size copy wider than the image's own pixels."""
-    arr = np.asarray(image)
-    peak = 65535 if image.mode.startswith("I;16") or arr.max() > 255 else 255
-    out = np.empty(arr.shape, np.uint8)
-    for top in range(0, arr.shape[0], rows_per_step):
-        rows = np.clip(arr[top:top + rows_per_step], 0, peak).astype(np.int64)
-        out[top:top + rows_per_step] = (rows * 255 + peak // 2) // peak  # round(value * 255 / peak)
-    return Image.fromarray(out, "L")
+def _by_strips(image: Image.Image, mode: str, convert: Callable[[Image.Image], Image.Image]) -> Image.Image:
+    """`convert` (pixel by pixel) applied to strips of `image`'s rows, pasted (so converted) into a new `mode` image."""
+    out = Image.new(mode, image.size)
+    rows = max(1, STRIP_PIXELS // max(1, image.width))
+    for top in range(0, image.height, rows):
+        out.paste(convert(image.crop((0, top, image.width, min(top + rows, image.height)))), (0, top))
+    return out
+
+
+def _to_8bit(image: Image.Image, peak: int) -> Image.Image:
+    """A 16- or 32-bit integer image as 8-bit L, rounded from 0..peak."""
+    pixels = np.clip(np.asarray(image), 0, peak).astype(np.int64)
+    return Image.fromarray(((pixels * 255 + peak // 2) // peak).astype(np.uint8), "L")  # round(value * 255 / peak)
+
+
+def _clipped(image: Image.Image) -> Image.Image:
+    """A float image as 8-bit L, clipped to 0..255."""
+    return Image.fromarray(np.clip(np.asarray(image), 0, 255).astype(np.uint8), "L")
+
+
+def _on_white(image: Image.Image) -> Image.Image:
+    """A transparent image as RGB, put on white."""
+    rgba = image.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
 
 
 def _draft(image: Image.Image, shorter: int, longer: int) -> None:
@@ -65,6 +87,19 @@ def _draft(image: Image.Image, shorter: int, longer: int) -> None:
         if min(w, h) // scale >= shorter and max(w, h) // scale >= longer:
             image.draft(image.mode, (w // scale, h // scale))
             return
+
+
+def pixel_count(source: str | Path | bytes | Image.Image) -> int:
+    """Width x height of an image, from a file's header alone (nothing is decoded); 0 when it cannot be read."""
+    if isinstance(source, Image.Image):
+        return source.width * source.height
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with _opened(source) as image:
+                return image.width * image.height
+    except UNREADABLE_ERRORS:
+        return 0
 
 
 def load_image(

@@ -16,8 +16,8 @@ from metricsearch.evaluation.metrics import centred, check_center, evaluate
 class SetEmbedder(Protocol):
     """Anything that embeds a whole ImageSet (OnnxEmbedder, PixelEmbedder, the trainer's model)."""
 
-    def embed_set(self, images: ImageSet, batch_size: int = 256, progress: bool = False) -> np.ndarray:
-        """Embeddings (N x dim float32) of every image, in order."""
+    def embed_set(self, images: ImageSet, batch_size: int | None = None, progress: bool = False) -> np.ndarray:
+        """Embeddings (N x dim float32) of every image, in order (batch_size None: the embedder's choice)."""
 
 
 def _reported(result: dict[str, Any], report: str | Path | None, query: ImageSet, q: np.ndarray,
@@ -80,12 +80,13 @@ def evaluate_model(
     one_shot_ways: int | None = None,
     one_shot_protocol: str | None = None,
     center: float = 0.0,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     progress: bool = False,
     report: str | Path | None = None,
 ) -> dict[str, Any]:
     """Recall@K, NMI and MAP@R of `model` on a data set's test classes, or of query specs against a gallery
-    spec; with `report`, also the report of where it fails in that folder."""
+    spec; with `report`, also the report of where it fails in that folder. Inference batches of `batch_size`
+    images (None: the model's choice; an ArrayEmbedder's keeps its process within its `memory` budget)."""
     if (query is None) != (gallery is None):
         raise ValueError("query and gallery go together: pass both, or a dataset")
     if (query is None) == (dataset is None):

@@ -10,6 +10,14 @@ vectors, scaled by N (ln N / ln PILOT)^2) fits what is left of the budget: BUDGE
 candidate's build + tune time, MIN_BUDGET_S at least. A candidate whose search, at a setting still
 below the target, is already PRUNE times slower than the fastest candidate meeting it stops tuning
 (a larger setting only takes longer). The others are listed as skipped, with the reason.
+
+Vectors that take at most EXACT_BYTES are searched exactly, with no other candidate: exact search
+answers a query within a millisecond there. Among the candidates that meet the target, the simplest
+(FAMILIES order, then fewer bytes) whose time per query at batch 256 is within SIMPLER_WITHIN of the
+fastest's wins, so that timing noise does not change the structure from one build to the next.
+When no float index fits the memory budget, the candidates are compressed (IVF-SQ8, IVF-PQ, OPQ +
+IVF-PQ): each re-ranks a shortlist with the float vectors (`faiss_index.reranked`), its length tuned
+with nprobe.
 """
 
 from __future__ import annotations
@@ -19,17 +27,24 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import faiss
 import numpy as np
 
-from .faiss_index import (MEMORY_FRACTION, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K, _inner,
-                          available_memory, build_index as build_factory, choose_index, describe, ivf_lists,
-                          make_index, memory_bytes, tune, tuning_queries)
+from .faiss_index import (HNSW_TRAIN_PER_LIST, MEMORY_FRACTION, RERANK, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K,
+                          IndexChoice, _inner, available_memory, build_index as build_factory, choose_index, describe,
+                          ivf_lists, make_index, memory_bytes, reranked, set_param, shortlist, tune, tuning_queries,
+                          vectors_by_id)
 
 log = logging.getLogger("metricsearch.index")
 
-EXACT_ONLY = 2_000  # up to this many vectors exact search is the only candidate (nothing beats it there)
+EXACT_BYTES = 24 << 20  # vectors up to this size: exact search only (a query at batch 1 within 1 ms: docs/indexing.md)
+SIMPLER_WITHIN = 1.15  # a candidate this close to the fastest's time per query wins if it is simpler
+FAMILIES = ("flat", "ivf", "ivf_hnsw", "hnsw", "sq8", "pq", "opq")  # simplest first
+PQ_BYTES = (64, 32, 16)  # compressed candidates: PQ (and OPQ + PQ) codes of the largest of these that fits
+WIDE_LISTS = 16  # below HNSW_QUANTIZER_MIN, IVF with an HNSW quantizer at about this many x sqrt(N) lists
+READ_US = 2.5  # a re-ranked vector read from a gallery's LMDB, in us (random reads measured: docs/indexing.md)
 FLAT_CANDIDATE_MAX = 50_000  # exact search is a candidate up to this many vectors
 HNSW_M = (16, 32)  # HNSW graph degrees tried
 HNSW_QUANTIZER_MIN = 500_000  # from here on IVF with an HNSW coarse quantizer is a candidate
@@ -46,7 +61,7 @@ TIMING_S = 1.0  # ...or fewer (3 at least) where they take longer than this
 
 @dataclass(frozen=True)
 class Candidate:
-    """A faiss factory string, its family (flat, ivf, hnsw) and its estimated bytes."""
+    """A faiss factory string, its family (one of FAMILIES) and its estimated bytes."""
 
     factory: str
     family: str
@@ -56,28 +71,54 @@ class Candidate:
 def candidates(n: int, dim: int, memory: int | None = None) -> list[Candidate]:
     """The indexes worth comparing for n vectors of `dim` within MEMORY_FRACTION of `memory` (default:
     available now), the reference first: IVF with an HNSW quantizer (large galleries) or IVF-Flat at
-    the rule's list count, then IVF-Flat (the rule's lists; small galleries: also half and twice as many),
-    exact search (small ones), HNSW at HNSW_M; SQ8 and PQ codes only when none of those fit."""
+    the rule's list count, then IVF-Flat (the rule's lists; small galleries: also half as many, and IVF with
+    an HNSW quantizer at WIDE_LISTS x sqrt(N) lists, whose k-means costs less than a flat one's over as many
+    lists), exact search (small ones), HNSW at
+    HNSW_M; compressed codes (`compressed`) only when none of those fit. Exact search alone for vectors
+    of EXACT_BYTES or less (that fit)."""
     budget = MEMORY_FRACTION * (memory if memory is not None else available_memory())
     flat = n * (4 * dim + 8)
-    if n <= EXACT_ONLY:
+    if n * dim * 4 <= EXACT_BYTES and flat <= budget:
         return [Candidate("IDMap,Flat", "flat", flat)]
     lists, out = ivf_lists(n), []
     if n >= HNSW_QUANTIZER_MIN:
         nlist = 2 ** round(math.log2(n / HNSW_QUANTIZER_POINTS))
-        out.append(Candidate(f"IVF{nlist}_HNSW32,Flat", "ivf", flat + nlist * (4 * dim + 256)))
-    counts = [lists] if n >= HNSW_QUANTIZER_MIN else [lists, max(1, lists // 2), min(2 * lists, n // TRAIN_PER_LIST)]
+        out.append(Candidate(f"IVF{nlist}_HNSW32,Flat", "ivf_hnsw", flat + nlist * (4 * dim + 256)))
+    counts = [lists] if n >= HNSW_QUANTIZER_MIN else [lists, max(1, lists // 2)]
     out += [Candidate(f"IVF{c},Flat", "ivf", flat + c * dim * 4) for c in dict.fromkeys(counts)]
+    wide = min(2 ** round(math.log2(WIDE_LISTS * math.sqrt(n))), n // HNSW_TRAIN_PER_LIST)
+    if n < HNSW_QUANTIZER_MIN and wide > max(counts):
+        out.append(Candidate(f"IVF{wide}_HNSW32,Flat", "ivf_hnsw", flat + wide * (4 * dim + 256)))
     out += [Candidate("IDMap,Flat", "flat", flat)] if n <= FLAT_CANDIDATE_MAX else []
     out += [Candidate(f"IDMap,HNSW{m}", "hnsw", flat + n * 8 * m) for m in HNSW_M]  # 2m links of 4 bytes
     fitting = [c for c in out if c.bytes <= budget]
+    return fitting or compressed(n, dim, memory)
+
+
+def compressed(n: int, dim: int, memory: int | None = None) -> list[Candidate]:
+    """The compressed candidates for n vectors of `dim` within MEMORY_FRACTION of `memory`: IVF-PQ and OPQ +
+    IVF-PQ with codes of the largest PQ_BYTES that fits, then IVF-SQ8 (dim bytes: measured when the memory left
+    holds it too), each with the IVF of `candidates`' reference; when none fits, IVF-PQ with the largest code
+    that does (`choose_index`)."""
+    budget = MEMORY_FRACTION * (memory if memory is not None else available_memory())
+    if n >= HNSW_QUANTIZER_MIN:
+        nlist = 2 ** round(math.log2(n / HNSW_QUANTIZER_POINTS))
+        ivf, centroids = f"IVF{nlist}_HNSW32", nlist * (4 * dim + 256)
+    else:
+        ivf, centroids = f"IVF{ivf_lists(n)}", ivf_lists(n) * 4 * dim
+    bits = 8 if n >= 256 * TRAIN_PER_LIST else 4
+    out = []
+    sizes = [m for m in PQ_BYTES if dim % m == 0 and 2 * m <= dim and n * (m * bits // 8 + 8) + centroids <= budget]
+    for m in sizes[:1]:
+        out += [Candidate(f"{ivf},PQ{m}x{bits}np", "pq", n * (m * bits // 8 + 8) + centroids),
+                Candidate(f"OPQ{m},{ivf},PQ{m}x{bits}np", "opq", n * (m * bits // 8 + 8) + centroids + 4 * dim * dim)]
+    out.append(Candidate(f"{ivf},SQ8", "sq8", n * (dim + 8) + centroids))
+    fitting = [c for c in out if c.bytes <= budget]
     if fitting:
         return fitting
-    compressed = [Candidate(f"IVF{lists},SQ8", "ivf", n * (dim + 8)),
-                  Candidate("IDMap,HNSW32_SQ8", "hnsw", n * (dim + 264))]
     pq = choose_index(n, dim, "ivfpq", memory)
-    pq_bytes = int(re.search(r",PQ(\d+)", pq.factory).group(1))
-    return [c for c in compressed if c.bytes <= budget] or [Candidate(pq.factory, "ivf", n * (pq_bytes + 8))]
+    code = int(re.search(r",PQ(\d+)", pq.factory).group(1))
+    return [Candidate(pq.factory, "pq", n * (code + 8))]
 
 
 def pilot_seconds(vectors: np.ndarray, factory: str, seed: int = 0) -> float:
@@ -94,22 +135,32 @@ def pilot_seconds(vectors: np.ndarray, factory: str, seed: int = 0) -> float:
     return (time.perf_counter() - start) * n / PILOT * (math.log(n) / math.log(PILOT)) ** 2
 
 
-def ms_per_query(indexes: list[faiss.Index], queries: np.ndarray, batch: int, calls: int, k: int = TUNE_K,
+def ms_per_query(searches: list[Callable[[np.ndarray], object]], queries: np.ndarray, batch: int, calls: int,
                  seconds: float = TIMING_S) -> list[float]:
-    """Median milliseconds per query of each index over `calls` searches of `batch` queries (after one
-    warm-up), fewer (3 at least) where they take more than `seconds` an index; the indexes take turns
-    call by call (which goes first rotates), so that all see the same load on a shared machine."""
-    times: list[list[float]] = [[] for _ in indexes]
-    order = list(range(len(indexes)))
+    """Median milliseconds per query of each search (a function of a batch of queries) over `calls` batches of
+    `batch` queries (after one warm-up), fewer (3 at least) where they take more than `seconds` a search; the
+    searches take turns call by call (which goes first rotates), so that all see the same load on a shared
+    machine."""
+    times: list[list[float]] = [[] for _ in searches]
+    order = list(range(len(searches)))
     for c in range(calls + 1):
         x = np.ascontiguousarray(np.take(queries, np.arange(c * batch, (c + 1) * batch) % len(queries), axis=0))
         for i in order[c % len(order):] + order[:c % len(order)]:
             start = time.perf_counter()
-            indexes[i].search(x, k + 1)
+            searches[i](x)
             times[i].append(time.perf_counter() - start)
-        if c >= 3 and sum(map(sum, times)) > seconds * len(indexes):
+        if c >= 3 and sum(map(sum, times)) > seconds * len(searches):
             break
     return [1e3 * float(np.median(t[1:])) / batch for t in times]
+
+
+def searcher(index: faiss.Index, rerank: int, fetch: Callable[[np.ndarray], np.ndarray] | None,
+             k: int = TUNE_K + 1) -> Callable[[np.ndarray], object]:
+    """The search `build_index` times: k nearest, through a shortlist re-scored with `fetch`'s vectors when
+    `rerank` is set."""
+    if rerank:
+        return lambda x: reranked(index, x, k, rerank, fetch)
+    return lambda x: index.search(x, k)
 
 
 def index_bytes_at(index: faiss.Index, n: int) -> int:
@@ -119,22 +170,62 @@ def index_bytes_at(index: faiss.Index, n: int) -> int:
     return memory_bytes(index, n) + links
 
 
+def read_ms(rerank: int) -> float:
+    """Milliseconds a query spends reading its re-ranking shortlist from a gallery's LMDB (READ_US a vector)."""
+    return shortlist(TUNE_K, rerank) * READ_US / 1e3 if rerank else 0.0
+
+
 def _tuned(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, truth, target: float,
            give_up_ms: float | None = None) -> dict:
-    """Tune an index to the target on the queries of `truth` (see `tune` for `give_up_ms`): its setting,
-    recall and milliseconds per tuning query."""
-    tuning = tune(index, vectors, ids, target=target, truth=truth, give_up_ms=give_up_ms)
-    lower = tuning.get("recall_at_10_lower", tuning["recall_at_10"])
-    return {"params": tuning["params"], "recall_at_10": tuning["recall_at_10"], "recall_at_10_lower": lower,
-            "meets_target": lower >= target and not tuning.get("gave_up"), "queries": len(truth.rows),
-            "tuning_ms": tuning.get("ms_per_query", 0.0), "gave_up": tuning.get("gave_up", False)}
+    """Tune an index to the target on the queries of `truth` (see `tune` for `give_up_ms`, here with the reads
+    of a re-ranked shortlist counted in): its setting,
+    shortlist (`rerank`, 0: none), recall, milliseconds per tuning query and `read_ms`. Lossy codes are tuned
+    with each shortlist of RERANK, longest first, and keep the one meeting the target at the least time with its
+    reads (else the highest recall)."""
+    best: dict | None = None
+    for rerank in RERANK if describe(index)["lossy"] else (0,):
+        bound = None if give_up_ms is None else give_up_ms - read_ms(rerank)  # bounds search and reads together
+        if best is not None and best["meets_target"]:  # this shortlist's search must beat the best one's
+            bound = min(bound if bound is not None else math.inf,
+                        best["tuning_ms"] + best["read_ms"] - read_ms(rerank))
+        tuning = tune(index, vectors, ids, target=target, truth=truth, give_up_ms=bound, rerank=rerank)
+        lower = tuning.get("recall_at_10_lower", tuning["recall_at_10"])
+        row = {"params": tuning["params"], "rerank": rerank, "recall_at_10": tuning["recall_at_10"],
+               "recall_at_10_lower": lower, "meets_target": lower >= target and not tuning.get("gave_up"),
+               "queries": len(truth.rows), "tuning_ms": tuning.get("ms_per_query", 0.0), "read_ms": read_ms(rerank),
+               "gave_up": tuning.get("gave_up", False)}
+        if rerank:
+            row["recall_at_10_raw"] = tuning.get("recall_at_10_raw", tuning["recall_at_10"])
+        rank = (row["meets_target"], -row["tuning_ms"] - row["read_ms"] if row["meets_target"] else lower)
+        if best is None or rank > (best["meets_target"], -best["tuning_ms"] - best["read_ms"] if best["meets_target"]
+                                   else best["recall_at_10_lower"]):
+            best = row
+        if not row["meets_target"] and not row["gave_up"]:  # every list searched: a shorter list recalls less
+            break
+    for name, value in best["params"].items():  # a later shortlist's tuning left its own setting
+        set_param(index, name, value)
+    return best
 
 
-def _timed(indexes: list[faiss.Index], queries: np.ndarray) -> list[dict]:
-    """Each index's milliseconds per query at batch 1 and 256, the indexes timed in turn."""
-    single = ms_per_query(indexes, queries, 1, TIMED_SINGLE)
-    batched = ms_per_query(indexes, queries, 256, TIMED_BATCHES)
+def _timed(searches: list[Callable[[np.ndarray], object]], queries: np.ndarray) -> list[dict]:
+    """Each search's milliseconds per query at batch 1 and 256, the searches timed in turn."""
+    single = ms_per_query(searches, queries, 1, TIMED_SINGLE)
+    batched = ms_per_query(searches, queries, 256, TIMED_BATCHES)
     return [{"ms_batch_1": round(a, 5), "ms_batch_256": round(b, 5)} for a, b in zip(single, batched)]
+
+
+def tuned_report(built: faiss.Index, rows: np.ndarray, vectors: np.ndarray, ids: np.ndarray, choice: IndexChoice,
+                 target_recall: float, seed: int, start: float) -> dict:
+    """Tune `built` (the index of `choice` holding every vector, trained on `rows`) to the target on gallery
+    vectors it was not trained on; its `build_index` report (`start`: when its build began)."""
+    n, result = len(vectors), {"params": {}}
+    if n > 1 and not describe(built)["exact"]:
+        truth = tuning_queries(vectors, ids, np.setdiff1d(np.arange(n), rows), seed=seed)
+        result = _tuned(built, vectors, ids, truth, target_recall)
+        result.update(_timed([searcher(built, result["rerank"], vectors_by_id(vectors, ids))], truth.queries)[0])
+        result.pop("gave_up")
+    report = {"factory": choice.factory, "reason": choice.reason, **result, "candidates": [], "skipped": []}
+    return _finish(report, built, n, target_recall, start)
 
 
 def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_recall: float = TARGET_RECALL,
@@ -142,7 +233,18 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
                 seed: int = 0) -> tuple[faiss.Index, dict]:
     """A tuned inner-product faiss index of L2-normalised `vectors` (under `ids`, default 0..n-1) and its
     report: with `index` auto the fastest candidate meeting recall@10 >= target_recall (lower 95%
-    bound) against exact search, else the named index or factory string, tuned to the target."""
+    bound) against exact search (the simplest within SIMPLER_WITHIN of it; exact search alone up to
+    EXACT_BYTES of vectors), else the named index or factory string, tuned to the target.
+
+    vectors: N x dim float32, unit length (inner product is cosine similarity).
+    ids: the 64-bit id of each row (default 0..N-1).
+    target_recall: the recall@10 against exact search that the tuned setting reaches (its lower 95% bound).
+    index: `auto`, `flat`, `ivf`, `ivfpq`, `hnsw` or a faiss factory string.
+    memory: bytes the build may use; the index may take MEMORY_FRACTION of it, and when no float index fits,
+        `auto` compares compressed codes that re-rank a shortlist with the float vectors (the report's
+        `rerank`). None: the memory available now.
+    device: `cpu`, or `gpu` to train, fill and tune on the GPUs faiss sees.
+    seed: the random seed of training samples and tuning queries."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     n, dim = vectors.shape
     ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
@@ -150,22 +252,17 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
     if index.strip().lower() != "auto":
         choice = choose_index(n, dim, index, memory)
         built, rows = build_factory(vectors, ids, choice.factory, device, seed)
-        result = {"params": {}}
-        if n > 1 and not describe(built)["exact"]:
-            truth = tuning_queries(vectors, ids, np.setdiff1d(np.arange(n), rows), seed=seed)
-            result = {**_tuned(built, vectors, ids, truth, target_recall), **_timed([built], truth.queries)[0]}
-            result.pop("gave_up")
-        report = {"factory": choice.factory, "reason": choice.reason, **result, "candidates": [], "skipped": []}
-        return built, _finish(report, built, n, target_recall, start)
+        return built, tuned_report(built, rows, vectors, ids, choice, target_recall, seed, start)
     truth = tuning_queries(vectors, ids, seed=seed) if n > 1 else None
     room = MEMORY_FRACTION * (memory if memory is not None else available_memory())
     rows, built, skipped, budget, reference = [], [], [], math.inf, None
-    for cand in candidates(n, dim, memory):
+    fetch, planned = vectors_by_id(vectors, ids), candidates(n, dim, memory)
+    for cand in planned:
         spent = time.perf_counter() - start
         estimate = pilot_seconds(vectors, cand.factory, seed) if cand.family == "hnsw" else 0.0
         why = (f"estimated {estimate:.0f} s, {max(budget - spent, 0):.0f} s of the {budget:.0f} s budget left"
                if cand.family == "hnsw" and spent + estimate > budget
-               else f"{cand.bytes / 2**20:.0f} MiB more than the memory left"
+               else f"{cand.bytes / 2**20:.1f} MiB, more than the memory left"
                if cand.bytes + sum(r["memory_bytes"] for r in rows) > room
                else None)
         if why:
@@ -175,22 +272,25 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
         idx, _ = build_factory(vectors, ids, cand.factory, device, seed, exclude=truth.rows if truth else None,
                                niter=NITER)
         build_s = time.perf_counter() - began
-        bound = min((PRUNE * r["tuning_ms"] for r in rows if r["meets_target"]), default=None)
+        bound = min((PRUNE * (r["tuning_ms"] + r["read_ms"]) for r in rows if r["meets_target"]), default=None)
         result = _tuned(idx, vectors, ids, truth, target_recall, bound) if truth else {
-            "params": {}, "recall_at_10": 1.0, "recall_at_10_lower": 1.0, "meets_target": True, "gave_up": False}
+            "params": {}, "rerank": 0, "read_ms": 0.0, "recall_at_10": 1.0, "recall_at_10_lower": 1.0,
+            "meets_target": True, "gave_up": False}
         if result.pop("gave_up"):
+            del idx  # freed before the next candidate is built
             (name, value), = result["params"].items()
             skipped.append({"factory": cand.factory, "reason": (
                 f"built; at {name}={value} (recall@10 {result['recall_at_10']:.3f}) already over {PRUNE}x slower than "
                 "the fastest candidate meeting the target, so not tuned further")})
             continue
-        rows.append({"factory": cand.factory, **result, "build_s": round(build_s, 2),
+        rows.append({"factory": cand.factory, "family": cand.family, **result, "build_s": round(build_s, 2),
                      "tune_s": round(time.perf_counter() - began - build_s, 2), "memory_bytes": index_bytes_at(idx, n)})
         built.append(idx)
         if reference is None:  # the budget: BUDGET x the first candidate's cost, tuning queries included
             reference = time.perf_counter() - start
             budget = max(BUDGET * reference, MIN_BUDGET_S)
-    timings = _timed(built, truth.queries) if truth else [{"ms_batch_1": 0.0, "ms_batch_256": 0.0}]
+    searches = [searcher(idx, row["rerank"], fetch) for idx, row in zip(built, rows)]
+    timings = _timed(searches, truth.queries) if truth else [{"ms_batch_1": 0.0, "ms_batch_256": 0.0}]
     for row, timing in zip(rows, timings):
         row.update(timing)
         log.info("faiss: candidate %s", row)
@@ -199,11 +299,14 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
     winner, reason = pick(rows, target_recall)
     best = built[rows.index(winner)]
     built.clear()
-    report = {k: winner[k] for k in ("factory", "params", "recall_at_10", "recall_at_10_lower", "meets_target",
-                                     "ms_batch_1", "ms_batch_256", "build_s", "tune_s")}
+    report = {k: winner[k] for k in ("factory", "params", "rerank", "read_ms", "recall_at_10", "recall_at_10_lower",
+                                     "meets_target", "ms_batch_1", "ms_batch_256", "build_s", "tune_s")}
     report["queries"] = winner.get("queries", 0)
-    report.update(reason=_exact_only(n) if n <= EXACT_ONLY else reason, candidates=rows, skipped=skipped,
-                  budget_s=round(budget, 1) if reference else None,
+    if winner["rerank"]:
+        report["recall_at_10_raw"] = winner["recall_at_10_raw"]
+    exact_only = [c.family for c in planned] == ["flat"]
+    report.update(reason=_exact_only(n, dim) if exact_only else reason, candidates=rows,
+                  skipped=skipped, budget_s=round(budget, 1) if reference else None,
                   reference_s=round(reference, 2) if reference else None)
     return best, _finish(report, best, n, target_recall, start)
 
@@ -212,44 +315,61 @@ def _finish(report: dict, index: faiss.Index, n: int, target: float, start: floa
     """The report with the common fields: target, items, kind, memory, seconds."""
     report.setdefault("recall_at_10", 1.0)
     report.setdefault("recall_at_10_lower", report["recall_at_10"])
-    report.update(target=target, items=n, kind=describe(index)["kind"], memory_bytes=index_bytes_at(index, n),
-                  total_s=round(time.perf_counter() - start, 2))
+    report.setdefault("rerank", 0)
+    report.update(target=target, items=n, dim=index.d, kind=describe(index)["kind"],
+                  memory_bytes=index_bytes_at(index, n), total_s=round(time.perf_counter() - start, 2))
     if report["recall_at_10_lower"] < target:
         log.warning("faiss: %s reaches recall@10 %.3f (lower bound %.3f), below the target %.2f", report["factory"],
                     report["recall_at_10"], report["recall_at_10_lower"], target)
     return report
 
 
-def _exact_only(n: int) -> str:
-    return f"{n} <= {EXACT_ONLY} vectors: exact search, the only candidate"
+def _exact_only(n: int, dim: int) -> str:
+    return (f"{n} vectors of {dim}-d take {n * dim * 4 / 2**20:.1f} MiB <= {EXACT_BYTES / 2**20:.0f} MiB (a query "
+            "within 1 ms): exact search, the only candidate")
 
 
 def current_reason(choice: dict, count: int) -> str | None:
-    """Why a gallery of `count` vectors has its index, from the `choice` (reason, request, tuning.items)
-    made when it was built: items added or removed since are counted, not hidden behind the old size."""
-    built = choice.get("tuning", {}).get("items")
+    """Why a gallery of `count` vectors has its index, from the `choice` (reason, request, tuning.items and
+    tuning.dim) made when it was built: items added or removed since are counted, not hidden behind the old size."""
+    tuning = choice.get("tuning", {})
+    built, dim = tuning.get("items"), tuning.get("dim")
     if built is None or built == count:
         return choice.get("reason")
-    if choice.get("request") == "auto" and max(built, count) <= EXACT_ONLY:
-        return _exact_only(count)
+    if choice.get("request") == "auto" and dim and max(built, count) * dim * 4 <= EXACT_BYTES:
+        return _exact_only(count, dim)
     return (f"chosen for {built} vectors ({choice['reason']}), {count} now; `metricsearch index rebuild` "
             "chooses again for that size")
 
 
+def simplicity(row: dict) -> tuple[int, int]:
+    """How complex a candidate's structure is, for `pick`: its family's place in FAMILIES, then its bytes."""
+    return FAMILIES.index(row.get("family", "ivf")), row["memory_bytes"]
+
+
 def pick(rows: list[dict], target: float) -> tuple[dict, str]:
-    """The candidate with the smallest measured time per query at batch 256 among those meeting the
-    target (none does: the highest lower recall bound), and why, in one line."""
+    """Among the candidates meeting the target, the simplest whose time per query at batch 256 (measured, plus
+    `read_ms` where it re-ranks) is within SIMPLER_WITHIN of the fastest's (none meets it: the highest lower
+    recall bound), and why, in one line."""
     meeting = [r for r in rows if r["meets_target"]]
     if not meeting:
         best = max(rows, key=lambda r: r["recall_at_10_lower"])
         return best, f"no candidate reached recall@10 {target} (lower bound): the highest, {best['recall_at_10_lower']}"
-    ranked = sorted(meeting, key=lambda r: r["ms_batch_256"])
-    best = ranked[0]
-    why = (f"fastest at batch 256 of {len(meeting)} of {len(rows)} candidates meeting recall@10 >= {target} "
-           f"(lower 95% bound): {best['ms_batch_256'] * 1e3:.1f} us/query")
-    if len(ranked) > 1:
-        second = ranked[1]
-        why += f", {second['ms_batch_256'] / max(best['ms_batch_256'], 1e-9):.2f}x faster than {second['factory']}"
+    def ms(r: dict) -> float:  # measured, plus the modeled LMDB reads of a re-ranked shortlist
+        return r["ms_batch_256"] + r.get("read_ms", 0.0)
+
+    fastest = min(meeting, key=ms)
+    close = [r for r in meeting if ms(r) <= SIMPLER_WITHIN * ms(fastest)]
+    best = min(close, key=simplicity)
+    why = (f"the simplest within {SIMPLER_WITHIN:.2f}x of the fastest at batch 256 among the {len(meeting)} of "
+           f"{len(rows)} candidates meeting recall@10 >= {target} (lower 95% bound): "
+           f"{ms(best) * 1e3:.1f} us/query")
+    if best is not fastest:
+        why += f" ({fastest['factory']}: {ms(fastest) * 1e3:.1f} us)"
+    others = sorted((r for r in meeting if r is not best), key=ms)
+    if others and best is fastest:
+        ratio = ms(others[0]) / max(ms(best), 1e-9)
+        why += f", {ratio:.2f}x faster than {others[0]['factory']}"
     return best, why
 
 
@@ -259,9 +379,11 @@ def candidate_lines(report: dict) -> list[str]:
     out = []
     for r in report.get("candidates", []):
         params = ",".join(f"{k}={v}" for k, v in r["params"].items()) or "exact"
+        params += f", re-ranking {r['rerank']}x (+{r['read_ms'] * 1e3:.0f} us of LMDB reads)" if r.get("rerank") else ""
+        raw = f", {r['recall_at_10_raw']:.3f} without re-ranking" if r.get("rerank") else ""
         mark = "*" if r["factory"] == report["factory"] else " "
         out.append(f"{mark}{r['factory']} {params}: recall@10 {r['recall_at_10']:.3f} "
-                   f"(lower {r['recall_at_10_lower']:.3f}), "
+                   f"(lower {r['recall_at_10_lower']:.3f}{raw}), "
                    f"{r['ms_batch_256'] * 1e3:.1f} us/query at batch 256, {r['ms_batch_1'] * 1e3:.1f} us at batch 1, "
                    f"built in {r['build_s']:.1f} s")
     out += [f" {r['factory']}: skipped ({r['reason']})" for r in report.get("skipped", [])]

@@ -65,8 +65,10 @@ def save_index(db: Path, index: faiss.Index, header: dict) -> Path:
     return path
 
 
-def load_index(db: Path) -> tuple[faiss.Index, dict] | None:
-    """The newest saved index and its header, None when there is none."""
+def load_index(db: Path, mmap: bool = False) -> tuple[faiss.Index, dict] | None:
+    """The newest saved index and its header, None when there is none; with `mmap`, the index is memory-mapped
+    from its file (faiss.IO_FLAG_MMAP_IFC: codes and inverted lists stay on disk, read as searches touch them)
+    instead of loaded, and must not be changed (faiss aborts the process)."""
     folder = Path(db) / INDEX_DIR
     for _ in range(5):  # a writer may replace the files between listing and reading: list again
         pairs = _pairs(folder) if folder.is_dir() else []
@@ -79,7 +81,7 @@ def load_index(db: Path) -> tuple[faiss.Index, dict] | None:
             if not isinstance(header, dict):
                 raise ValueError("not a JSON object")
             path = header_path.with_suffix(".faiss")
-            return faiss.read_index(str(path)), header
+            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC if mmap else 0), header
         except FileNotFoundError:
             continue
         except (ValueError, RuntimeError) as exc:  # JSON or faiss cannot read it: damaged, unless replaced meanwhile

@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import faiss
 import numpy as np
@@ -33,6 +34,8 @@ TARGET_RECALL = 0.95
 TUNE_K = 10
 TUNE_QUERIES = 4_000  # enough for the recall estimate to be within about +-0.005
 PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
+RERANK = (64, 32, 16, 8, 4, 2)  # shortlists tried for lossy codes (largest first), x max(k, TUNE_K): `shortlist`
+RERANK_CHUNK = 64  # queries re-scored at once (bounds the memory of the vectors read for them)
 
 
 def select_device(device: str = "auto", num_gpus: int | None = None) -> str:
@@ -119,18 +122,21 @@ def _inner(index: faiss.Index) -> tuple[faiss.Index, bool]:
 
 
 def describe(index: faiss.Index) -> dict:
-    """kind (flat, ivf, ivfpq, hnsw or other), exact, the tunable parameter, and whether ids can be removed."""
+    """kind (flat, ivf, ivfpq, hnsw or other), exact, lossy (codes that are not the float vectors: PQ, SQ), the
+    tunable parameter, and whether ids can be removed."""
     inner, transformed = _inner(index)
     kind = ("ivfpq" if isinstance(inner, faiss.IndexIVFPQ) else "ivf" if isinstance(inner, faiss.IndexIVF)
             else "hnsw" if isinstance(inner, faiss.IndexHNSW) else "flat" if isinstance(inner, faiss.IndexFlat)
             else "other")
+    storage = faiss.downcast_index(inner.storage) if isinstance(inner, faiss.IndexHNSW) else inner
+    code_size = getattr(storage, "code_size", 4 * index.d)
     try:
         index.remove_ids(faiss.IDSelectorBatch(np.zeros(0, dtype=np.int64)))
         removable = True
     except RuntimeError:
         removable = False
-    return {"kind": kind, "exact": kind == "flat" and not transformed, "param": PARAMS.get(kind),
-            "removable": removable}
+    return {"kind": kind, "exact": kind == "flat" and not transformed, "lossy": code_size < 4 * index.d,
+            "param": PARAMS.get(kind), "removable": removable}
 
 
 def make_index(factory: str, dim: int) -> faiss.Index:
@@ -224,13 +230,21 @@ def to_cpu(index: faiss.Index) -> faiss.Index:
 
 
 def _prepare_training(index: faiss.Index, niter: int | None) -> int:
-    """Set up an IVF index's k-means (`niter` iterations, faiss's default when None; with an HNSW coarse
-    quantizer, assignments through an HNSW16 graph) and return how many training vectors it wants."""
+    """Set up an IVF index's k-means (`niter` iterations, faiss's default when None, also for PQ codebooks and an
+    OPQ rotation's rounds; with an HNSW coarse quantizer, assignments through an HNSW16 graph) and return how many
+    training vectors it wants."""
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is None:
         return 100_000
     if niter is not None:
         ivf.cp.niter = niter
+        if isinstance(faiss.downcast_index(ivf), faiss.IndexIVFPQ):
+            faiss.downcast_index(ivf).pq.cp.niter = niter
+        outer = faiss.downcast_index(index)
+        for i in range(outer.chain.size() if isinstance(outer, faiss.IndexPreTransform) else 0):
+            rotation = faiss.downcast_VectorTransform(outer.chain.at(i))
+            if isinstance(rotation, faiss.OPQMatrix):
+                rotation.niter = rotation.niter_pq_0 = niter
     if isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW):
         ivf.clustering_index = faiss.IndexHNSWFlat(ivf.d, 16)  # flat k-means over 10^4+ lists takes hours
         ivf.cp.min_points_per_centroid = HNSW_TRAIN_PER_LIST
@@ -238,11 +252,11 @@ def _prepare_training(index: faiss.Index, niter: int | None) -> int:
     return TRAIN_PER_LIST * ivf.nlist
 
 
-def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
-                exclude: np.ndarray | None = None, niter: int | None = None) -> tuple[faiss.Index, np.ndarray]:
-    """An index of `vectors` under `ids`, trained (k-means of `niter` iterations for IVF, faiss's default
-    when None) on a random sample (on the GPUs with device gpu) of the rows not in `exclude` (of all
-    rows when the others are too few); returns the CPU index and the rows of the training sample."""
+def train_index(vectors: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
+                exclude: np.ndarray | None = None,
+                niter: int | None = None) -> tuple[faiss.Index, faiss.Index, np.ndarray]:
+    """An empty index `factory` for `vectors`, trained as `build_index` trains it: the CPU index, the one
+    to add to (the same, or its copy on the GPUs with device gpu) and the rows of the training sample."""
     check_trainable(factory, vectors.shape[1], len(vectors))
     index = make_index(factory, vectors.shape[1])
     rows = np.zeros(0, dtype=np.int64)
@@ -262,6 +276,15 @@ def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str 
     ivf = faiss.try_extract_index_ivf(work)
     if ivf is not None and isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW):
         faiss.downcast_index(ivf.quantizer).hnsw.efSearch = 32  # each vector's list, found well enough
+    return index, work, rows
+
+
+def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
+                exclude: np.ndarray | None = None, niter: int | None = None) -> tuple[faiss.Index, np.ndarray]:
+    """An index of `vectors` under `ids`, trained (k-means of `niter` iterations for IVF, faiss's default
+    when None) on a random sample (on the GPUs with device gpu) of the rows not in `exclude` (of all
+    rows when the others are too few); returns the CPU index and the rows of the training sample."""
+    index, work, rows = train_index(vectors, factory, device, seed, exclude, niter)
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
     return (index if work is index else to_cpu(work)), rows
 
@@ -316,20 +339,28 @@ def tuning_queries(vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | 
 
 def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | None = None, *,
          target: float = TARGET_RECALL, k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0,
-         truth: TuningQueries | None = None, give_up_ms: float | None = None) -> dict:
+         truth: TuningQueries | None = None, give_up_ms: float | None = None, rerank: int = 0) -> dict:
     """The smallest nprobe / efSearch whose recall@k against exact search reaches `target` (its lower
     95% bound does), on up to `n_queries` gallery vectors (from `held_out` rows, those the index was
     not trained on, when given; or the queries of `truth`) searching for their neighbours, themselves
     left out; sets it on the index and returns {"params", "recall_at_10", "recall_at_10_lower",
     "target", "queries", "items", "ms_per_query"} (the last: its search of the tuning queries). With
     `give_up_ms`, it stops (adding "gave_up": True) at a setting below the target whose search takes
-    longer per query than that: a larger one only takes longer."""
+    longer per query than that: a larger one only takes longer. With `rerank` R, each search re-scores
+    a shortlist of R x max(k, TUNE_K) with the float `vectors` (`reranked`), and "recall_at_10_raw" is
+    the recall at the setting found without that."""
     info = describe(index)
     result = {"params": {}, "recall_at_10": 1.0, "target": target, "queries": 0, "items": len(vectors)}
     if info["exact"] or len(vectors) < 2:
         return result
     truth = truth or tuning_queries(vectors, ids, held_out, k=k, n_queries=n_queries, seed=seed)
     rows, queries, query_ids, exact = truth.rows, truth.queries, truth.query_ids, truth.exact
+    fetch = vectors_by_id(vectors, ids) if rerank else None
+
+    def found_at(with_rerank: int) -> np.ndarray:
+        if with_rerank:
+            return reranked(index, queries, k + 1, with_rerank, fetch)[1]
+        return index.search(queries, k + 1)[1]
 
     def recall_at(value: int | None) -> tuple[float, float, float]:
         """Mean recall, its lower 95% bound (mean - 2 standard errors: the bound must reach the target,
@@ -337,7 +368,7 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
         if value is not None:
             set_param(index, info["param"], value)
         start = time.perf_counter()
-        found = index.search(queries, k + 1)[1]
+        found = found_at(rerank)
         ms = 1e3 * (time.perf_counter() - start) / len(queries)
         r = recalls_without_self(found, exact, query_ids, k)
         return float(r.mean()), float(r.mean() - 2 * r.std() / np.sqrt(len(r))), ms
@@ -367,6 +398,8 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
     set_param(index, info["param"], best[0])
     result.update(params={info["param"]: best[0]}, recall_at_10=round(best[1][0], 4),
                   recall_at_10_lower=round(best[1][1], 4), ms_per_query=round(best[1][2], 5))
+    if rerank:
+        result["recall_at_10_raw"] = round(float(recalls_without_self(found_at(0), exact, query_ids, k).mean()), 4)
     if best[1][1] < target:
         log.warning("faiss: %s reaches recall@%d %.3f at most (%s=%d), below the target %.2f",
                     type(_inner(index)[0]).__name__, k, best[1][0], info["param"], best[0], target)
@@ -382,6 +415,53 @@ def search_params(info: dict, params: dict, selector: faiss.IDSelector | None) -
     if info["param"] == "efSearch":
         return faiss.SearchParametersHNSW(sel=selector, efSearch=int(params.get("efSearch", 16)))
     return faiss.SearchParameters(sel=selector)
+
+
+def shortlist(k: int, rerank: int) -> int:
+    """How many a search through lossy codes takes for `rerank` R to return k re-scored: R x max(k, TUNE_K)
+    (so a small k keeps the shortlist the recall target was tuned with)."""
+    return max(k, rerank * max(k, TUNE_K))
+
+
+def vectors_by_id(vectors: np.ndarray, ids: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A `fetch` for `rescored` over an array: the rows of `vectors` under the given `ids`."""
+    order = np.argsort(ids, kind="stable")
+    known = ids[order]
+    return lambda wanted: vectors[order[np.searchsorted(known, wanted)]]
+
+
+def rescored(queries: np.ndarray, candidates: np.ndarray, fetch: Callable[[np.ndarray], np.ndarray],
+             k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of each query's k nearest among its row of `candidates` (ids; -1: none) by exact inner
+    product with the float vectors `fetch(sorted unique ids)` returns (one row per id, in that order; NaN: an id
+    to drop); only those vectors are read, RERANK_CHUNK queries' at a time. Rows with fewer than k candidates end
+    in id -1."""
+    width = min(k, candidates.shape[1])
+    scores = np.full((len(queries), k), np.finfo(np.float32).min, np.float32)
+    found = np.full((len(queries), k), -1, np.int64)
+    for start in range(0, len(queries), RERANK_CHUNK):
+        part = slice(start, start + RERANK_CHUNK)
+        valid = candidates[part] >= 0
+        unique, where = np.unique(candidates[part][valid], return_inverse=True)
+        vectors = fetch(unique) if len(unique) else np.zeros((0, queries.shape[1]), np.float32)
+        rows = np.zeros(valid.shape, np.int64)
+        rows[valid] = where
+        exact = np.matmul(vectors[rows], queries[part, :, None])[..., 0] if len(unique) else np.zeros(valid.shape)
+        kept = valid & np.isfinite(exact)
+        exact[~kept] = -np.inf
+        top = np.argsort(-exact, axis=1, kind="stable")[:, :width]
+        scores[part, :width] = np.take_along_axis(exact, top, 1).clip(np.finfo(np.float32).min)
+        found[part, :width] = np.where(np.take_along_axis(kept, top, 1), np.take_along_axis(candidates[part], top, 1),
+                                       -1)
+    return scores, found
+
+
+def reranked(index: faiss.Index, queries: np.ndarray, k: int, rerank: int, fetch: Callable[[np.ndarray], np.ndarray],
+             params: faiss.SearchParameters | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest of each query through an index of lossy codes: its `shortlist` by the codes, re-scored
+    exactly with the float vectors `fetch` returns (`rescored`)."""
+    candidates = index.search(queries, shortlist(k, rerank), params=params)[1]
+    return rescored(queries, candidates, fetch, k)
 
 
 def index_ids(index: faiss.Index) -> np.ndarray:

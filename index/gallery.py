@@ -27,7 +27,7 @@ from metricsearch.models import OnnxEmbedder, select_providers
 from .autoindex import candidate_lines, current_reason
 from .catalog import Catalog, SearchResults
 from .faiss_files import index_bytes
-from .faiss_index import select_device
+from .faiss_index import MEMORY_FRACTION, available_memory, select_device
 from .layout import FORMAT_VERSION, Store, id_key, reporting_damage
 from .state import IndexState, Newer
 from .pipeline import ReadSettings, decode, normalized, read_bytes
@@ -56,33 +56,41 @@ def check_model(meta_model: dict, path: str | Path, dim: int | None = None) -> N
         )
 
 
+def finished(db: Path, store: Store) -> tuple[dict, dict]:
+    """(model, read settings) of a finished gallery; ValueError for no metadata, a newer format, or a build that
+    did not finish (which only `index build --resume` finishes: its images are not all in)."""
+    with store.read() as txn:
+        fmt, state = store.meta(txn, "format"), store.meta(txn, "state")
+        model, settings, count = store.meta(txn, "model"), store.meta(txn, "settings", {}), store.count(txn)
+    if fmt is None:
+        raise ValueError(f"{db} is not a finished gallery (no metadata): build it with `metricsearch index build`")
+    if fmt > FORMAT_VERSION:
+        raise ValueError(f"{db} has gallery format {fmt}; this metricsearch reads up to {FORMAT_VERSION}: upgrade it")
+    if state != "ready":
+        raise ValueError(f"{db}: its build did not finish ({count} images stored, no faiss index yet); finish it "
+                         "with the same `metricsearch index build` command and --resume")
+    return model, settings
+
+
 class Gallery:
     """A searchable gallery: `search`, `embed`, `thumbnail`, `item`, `info`, `labels`, `vectors`.
     Thread-safe; use as a context manager or call `close()`.
 
     `Gallery(db, store)` searches over a store the caller holds open (a job's writable one);
-    `Gallery.open(db)` opens its own, read-only. UnusableIndex when the faiss file cannot serve."""
+    `Gallery.open(db)` opens its own, read-only. `mmap` memory-maps the faiss index from its file instead
+    of loading it (read-only: changes committed since are searched beside it, removals filtered).
+    UnusableIndex when the faiss file cannot serve."""
 
-    def __init__(self, db: Path, store: Store, model: str | Path | None = None, device: str = "auto") -> None:
+    def __init__(self, db: Path, store: Store, model: str | Path | None = None, device: str = "auto",
+                 mmap: bool = False) -> None:
         self.db, self._store = Path(db), store
         self._resources = ExitStack()  # what close() releases: what `open` opened for this gallery
-        with store.read() as txn:
-            fmt, state = store.meta(txn, "format"), store.meta(txn, "state")
-            self.model_info, self.settings = store.meta(txn, "model"), store.meta(txn, "settings", {})
-            count = store.count(txn)
-        if fmt is None:
-            raise ValueError(f"{db} is not a finished gallery (no metadata): build it with `metricsearch index build`")
-        if fmt > FORMAT_VERSION:
-            raise ValueError(f"{db} has gallery format {fmt}; this metricsearch reads up to {FORMAT_VERSION}: "
-                             "upgrade it")
-        if state != "ready":
-            raise ValueError(f"{db}: its build did not finish ({count} images stored, no faiss index yet); "
-                             "run the same `metricsearch index build` command with --resume")
+        self.model_info, self.settings = finished(db, store)
         self.dim = int(self.model_info["dim"])
         self.model_path = Path(model) if model is not None else self.db / self.model_info["file"]
         if model is not None:
             check_model(self.model_info, model)
-        self.device = device
+        self.device, self.mmap = device, mmap
         self.faiss_device = select_device(device)
         log.info("gallery %s: faiss on %s", db, self.faiss_device)
         self._embedder: OnnxEmbedder | None = None
@@ -92,12 +100,16 @@ class Gallery:
         self.refresh()
 
     @classmethod
-    def open(cls, db: str | Path, *, model: str | Path | None = None, device: str = "auto") -> Gallery:
+    def open(cls, db: str | Path, *, model: str | Path | None = None, device: str = "auto",
+             mmap: bool | None = None) -> Gallery:
         """Open a gallery folder read-only for searching; `model` checks that an ONNX file is the
-        gallery's model and embeds queries with it."""
+        gallery's model and embeds queries with it; `mmap` memory-maps the faiss index from its file
+        instead of loading it (None: when the file is larger than half the memory available)."""
+        if mmap is None:
+            mmap = index_bytes(Path(db)) > MEMORY_FRACTION * available_memory()
         with ExitStack() as stack:
             store = stack.enter_context(Store.opened(Path(db)))
-            gallery = cls(db, store, model, device)
+            gallery = cls(db, store, model, device, mmap)
             gallery._resources = stack.pop_all()
         return gallery
 
@@ -124,7 +136,8 @@ class Gallery:
                     txn = self._store.env.begin()
                 try:
                     if self._state is None:
-                        self._state = IndexState.load(self.db, self._store, txn, self.model_info, self.faiss_device)
+                        self._state = IndexState.load(self.db, self._store, txn, self.model_info, self.faiss_device,
+                                                      self.mmap)
                     else:
                         self._state = self._state.advance(self.db, self._store, txn, self.model_info)
                     self._checked_at = time.monotonic()
@@ -237,20 +250,27 @@ class Gallery:
         """The labels the items carry, sorted."""
         return self._state.catalog.labels()
 
+    def _id(self, item_id: int) -> int:
+        """`item_id` as an int; KeyError for one no item can have (ids are 0 to 2**64 - 1), as for an absent one."""
+        if not 0 <= int(item_id) < 1 << 64:
+            raise KeyError(f"no item {item_id} in {self.db}")
+        return int(item_id)
+
     def item(self, item_id: int) -> dict:
         """An item's id, path, label, sha256 and byte size (KeyError if there is no such item)."""
         with self._store.read() as txn:
-            record = self._store.item(txn, int(item_id))
+            record = self._store.item(txn, self._id(item_id))
         if record is None:
             raise KeyError(f"no item {item_id} in {self.db}")
         return {"id": int(item_id), "path": record.path, "label": record.label, "sha256": record.sha256.hex(),
                 "size": record.size}
 
     def thumbnail(self, item_id: int) -> bytes:
-        """An item's thumbnail (JPEG or PNG bytes; b"" when the gallery keeps none)."""
+        """An item's thumbnail (JPEG or PNG bytes; b"" when the gallery keeps none); KeyError for no such item."""
+        item_id = self._id(item_id)
         with self._store.read() as txn:
-            data = txn.get(id_key(int(item_id)), db=self._store.dbs["thumbnails"])
-            if data is None and self._store.item(txn, int(item_id)) is None:
+            data = txn.get(id_key(item_id), db=self._store.dbs["thumbnails"])
+            if data is None and self._store.item(txn, item_id) is None:
                 raise KeyError(f"no item {item_id} in {self.db}")
         return bytes(data or b"")
 
@@ -271,6 +291,7 @@ class Gallery:
             "db": str(self.db), "model": self.model_info["source"], "fingerprint": self.model_info["fingerprint"],
             "dim": self.dim, "count": len(self), "labels": len(self.labels()),
             "index_type": state.header["factory"], "index_kind": state.info["kind"], "exact": state.info["exact"],
+            "index_mmap": state.mapped, "rerank": state.rerank,
             "search_params": dict(state.header["params"]), "tuning": state.header.get("tuning", {}),
             "index_reason": current_reason(state.header, len(self)),
             "index_candidates": candidate_lines(state.header.get("choice", {})),

@@ -19,6 +19,7 @@ import shutil
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -30,11 +31,12 @@ from metricsearch.models import OnnxEmbedder
 from .autoindex import build_index, current_reason
 from .faiss_files import UnusableIndex, save_index
 from .faiss_index import INDEX_DIR, PQ_MIN, check_trainable, choose_index, describe, make_index, select_device
-from .gallery import Gallery, check_model, file_sha256
+from .gallery import Gallery, check_model, file_sha256, finished
 from .layout import FORMAT_VERSION, LMDB_DIR, NotCreated, Store
 from .locks import job_lock
 from .options import BuildOptions, IndexOptions
 from .pipeline import Engine, ImageReader, ReadSettings, StageTimes, source_names
+from .sharded_build import build_index_on_ray
 from .steps import reached
 from .writer import GalleryWriter, bump_version, job_record, record_job, start_job
 
@@ -68,17 +70,18 @@ class JobSummary:
         return asdict(self)
 
 
-def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str, job: dict | None = None) -> dict:
-    """Build, tune and save the faiss index of every committed embedding; mark the gallery ready (and
-    record `job`, with the index and its count, as the last job)."""
+def build_faiss(store: Store, db: Path, request: str | None, faiss_device: str, job: dict | None = None,
+                build: Callable[..., tuple] = build_index) -> dict:
+    """Build (with `build`: `build_index` or its like), tune and save the faiss index of every committed
+    embedding; mark the gallery ready (and record `job`, with the index and its count, as the last job)."""
     with store.read() as txn:
         version, generation = store.version(txn), store.meta(txn, "generation", 0)
         model, request = store.meta(txn, "model"), request or store.meta(txn, "index_request", "auto")
         ids, vectors = store.vectors(txn)
-    index, report = build_index(vectors, ids, index=request, device=faiss_device)
+    index, report = build(vectors, ids, index=request, device=faiss_device)
     log.info("faiss: %s for %d vectors (%s), built on %s", report["factory"], len(ids), report["reason"], faiss_device)
     info = describe(index)
-    tuning = {k: report[k] for k in ("recall_at_10", "recall_at_10_lower", "target", "items") if k in report}
+    tuning = {k: report[k] for k in ("recall_at_10", "recall_at_10_lower", "target", "items", "dim") if k in report}
     header = {"version": version, "generation": generation + 1, "factory": report["factory"],
               "reason": report["reason"], "request": request, "params": report["params"], "tuning": tuning,
               "choice": report, "kind": info["kind"], "exact": info["exact"], "removable": info["removable"],
@@ -127,7 +130,7 @@ def _index_images(store: Store, image_set: ImageSet, sources: list[str], engine:
             after_batch()
 
     start = time.perf_counter()
-    times = engine.run(reader, positions, write, batch_size=options.batch_size, progress=options.progress,
+    times = engine.run(reader, positions, write, batch_size=options.batch_for(embedder), progress=options.progress,
                        desc=desc)
     times.total = time.perf_counter() - start
     return times
@@ -200,7 +203,7 @@ def build_gallery(model: str | Path, images: str, db: str | Path, options: Build
     part = options.part
     # the images, the model and the index request are checked before anything is made on disk
     image_set = load_image_set(images, part, check=False)
-    embedder = OnnxEmbedder(model, options.device)
+    embedder = OnnxEmbedder(model, options.device, arena=False)  # a batch job: see OnnxEmbedder
     if options.index is not None:
         check_trainable(choose_index(len(image_set), embedder.dim, options.index).factory, embedder.dim, len(image_set))
     with job_lock(db):
@@ -231,7 +234,9 @@ def build_gallery(model: str | Path, images: str, db: str | Path, options: Build
                 with edit_gallery(db, device=options.device) as editor:
                     editor.checkpoint()
             else:
-                build_faiss(store, db, None, faiss_device)
+                build = (partial(build_index_on_ray, address=options.ray_address, shards=options.ray_shards)
+                         if engine.name == "ray" else partial(build_index, memory=options.index_memory))
+                build_faiss(store, db, None, faiss_device, build=build)
             reached("ready")
             times.index, times.total = time.perf_counter() - t, time.perf_counter() - start
             summary = _finish(store, db, times, pipeline_s, device_info, notes)
@@ -293,8 +298,12 @@ class Editor:
         if (ids is None) == (label is None):
             raise ValueError("remove takes ids or a label (one of the two)")
         catalog = self.gallery.catalog
-        targets = catalog.label_ids(label) if label is not None else np.asarray(list(ids), dtype=np.int64)
-        unknown = np.setdiff1d(targets, catalog.ids)
+        if label is None:  # as Python ints: an id past int64 is unknown too, not an overflow
+            known = set(catalog.ids.tolist())
+            unknown = sorted({int(i) for i in ids} - known)
+            targets = np.array(sorted({int(i) for i in ids} & known), dtype=np.int64)
+        else:
+            targets, unknown = catalog.label_ids(label), []
         if len(unknown):
             raise ValueError(f"no item with id {', '.join(map(str, unknown[:10]))} in {self.db}; nothing removed")
         removed = GalleryWriter(self.store).remove(targets, tombstones=not self.gallery.removable,
@@ -330,6 +339,7 @@ def edit_gallery(db: str | Path, *, model: str | Path | None = None, device: str
         stack.enter_context(job_lock(db))
         store = stack.enter_context(Store.opened(db, writable=True))
         if rebuild:
+            finished(db, store)  # an interrupted build is not marked ready with the images it holds so far
             build_faiss(store, db, index, select_device(device), job_record("rebuild"))
         try:
             gallery = Gallery(db, store, model, device)

@@ -9,6 +9,7 @@ from typing import Callable
 
 from metricsearch.data import DEFAULT_MAX_PIXELS
 from metricsearch.models import OnnxEmbedder
+from metricsearch.models.memory_budget import DEFAULT_MEMORY
 
 from .engines import check_engine, make_engine
 from .pipeline import MIN_SIDE, THUMBNAIL_SIZE, EmbedStep, Engine, ReadSettings
@@ -19,7 +20,10 @@ class IndexOptions:
     """How images are read and embedded into a gallery (`add_images`, and `build_gallery`).
 
     part: only the `train` or `test` part of a split spec (--part); None: every image.
-    batch_size: images per inference batch and per LMDB transaction (--batch); at least 1.
+    batch_size: images per inference batch and per LMDB transaction (--batch); at least 1; None: the largest,
+        at most 64 on a CPU and 256 on a GPU, that keeps the job within `memory` (measured on the model:
+        models/memory_budget.py).
+    memory: the job's budget of peak resident memory in bytes (--memory, in GB).
     workers: decoding threads of the local engine (--workers); None: one per core, at most 8.
     device: `auto` (CUDA for onnxruntime and a GPU for faiss when there), `cpu` or `cuda` (--device).
     progress: show a progress bar.
@@ -33,7 +37,8 @@ class IndexOptions:
     """
 
     part: str | None = None
-    batch_size: int = 256
+    batch_size: int | None = None
+    memory: int = DEFAULT_MEMORY
     workers: int | None = None
     device: str = "auto"
     progress: bool = False
@@ -50,6 +55,10 @@ class IndexOptions:
                             ("ray_actors (--ray-actors)", self.ray_actors)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+
+    def batch_for(self, embedder: OnnxEmbedder) -> int:
+        """The batch size: `batch_size`, or the largest within `memory` for this embedder."""
+        return self.batch_size or embedder.batch_within(self.memory)
 
     def make_engine(self, embedder: OnnxEmbedder, model: Path) -> Engine:
         """The engine these options name, embedding with `embedder` here or the ONNX file `model` on Ray."""
@@ -69,6 +78,12 @@ class BuildOptions(IndexOptions):
     thumbnail_size: long side of the stored thumbnails in pixels (--thumbnail-size); 0: none.
     max_pixels: images with more pixels are refused (decompression bombs) (--max-pixels); None: no limit.
     min_side: images with a shorter side are refused (--min-side).
+    ray_shards: with engine ray, an IVF index is added to in this many shards on Ray tasks and their inverted
+        lists merged here (--ray-shards); None: one per CPU of a cluster of several machines from 1,000,000
+        items, else none; 1: none (see sharded_build.py).
+    index_memory: bytes the faiss index build may use (--index-memory, in GB); with `auto`, the index may take
+        half, and compressed codes that re-rank with the stored vectors are chosen when no float index fits
+        (see `autoindex.build_index`). None: the memory available when the index is built.
     """
 
     index: str | None = None
@@ -77,6 +92,17 @@ class BuildOptions(IndexOptions):
     thumbnail_size: int = THUMBNAIL_SIZE
     max_pixels: int | None = DEFAULT_MAX_PIXELS
     min_side: int = MIN_SIDE
+    ray_shards: int | None = None
+    index_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ray_shards is not None and self.ray_shards < 1:
+            raise ValueError(f"ray_shards (--ray-shards) must be at least 1, got {self.ray_shards}")
+        if self.ray_shards is not None and self.engine != "ray":
+            raise ValueError("ray_shards (--ray-shards) shards the index on Ray: it needs engine ray (--engine ray)")
+        if self.index_memory is not None and self.index_memory <= 0:
+            raise ValueError(f"index_memory (--index-memory) must be positive, got {self.index_memory} bytes")
 
     def read_settings(self) -> ReadSettings:
         """How the reader treats images (checked: a bad limit is a ValueError naming its option)."""

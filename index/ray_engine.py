@@ -7,6 +7,7 @@
 Only the two stages move: which images to read (resume), duplicates (the writer keeps the first
 of identical images, in order), failures and the report are the jobs' code. Ray is
 imported inside the functions, so `metricsearch.index` works without the `scale` extra.
+The faiss index is built once every image is in: large IVF indexes in shards on the cluster (sharded_build.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from .faiss_files import UnusableIndex, index_bytes, load_index
 from .faiss_index import describe, index_ids
 from .gallery import Gallery, file_sha256
 from .state import net_changes
-from .layout import DamagedGallery, Store
+from .layout import DamagedGallery, Store, key_id, mismatches
 
 
 def gallery_info(db: str | Path, device: str = "auto") -> dict:
@@ -41,10 +41,11 @@ def _differ(a: np.ndarray, b: np.ndarray, what_a: str, what_b: str) -> list[str]
 
 
 def verify_gallery(db: str | Path) -> dict:
-    """{"ok", "problems", "notes", "count", "faiss_count"}: LMDB items, embeddings, thumbnails and hashes
-    agree; the faiss index (brought up to date from the change log) holds exactly the items' ids
-    (plus, for an index that cannot remove, the removed ones awaiting a rebuild); the model file
-    is the one the gallery was built with."""
+    """{"ok", "problems", "notes", "count", "faiss_count"}: the LMDB file is whole (`Store`'s checks before
+    it is opened); LMDB items, embeddings, thumbnails and hashes agree, and match the checksums stored with
+    them (galleries written before checksums: a note); the faiss index (brought up to date from the change
+    log) holds exactly the items' ids (plus, for an index that cannot remove, the removed ones awaiting a
+    rebuild); the model file is the one the gallery was built with."""
     db = Path(db)
     problems, notes = [], []
     try:
@@ -52,11 +53,6 @@ def verify_gallery(db: str | Path) -> dict:
     except DamagedGallery as exc:
         return {"ok": False, "problems": [str(exc)], "notes": [], "count": None, "faiss_count": None}
     try:
-        garbage = store.damaged_pages()
-        if len(garbage):  # checked before LMDB walks them
-            return {"ok": False, "notes": [], "count": None, "faiss_count": None, "problems": [
-                f"{store.path / 'data.mdb'} is damaged: {len(garbage)} page(s) are not LMDB pages (e.g. page "
-                f"{', '.join(map(str, garbage[:5]))}); restore the gallery folder from a backup, or build it again"]}
         for _ in range(5):  # a writer may save a newer faiss file meanwhile: look again
             try:
                 with store.read() as txn:
@@ -71,6 +67,31 @@ def verify_gallery(db: str | Path) -> dict:
     finally:
         store.close()
     return {"ok": not problems, "problems": problems, "notes": notes, **(report or {})}
+
+
+def _check_checksums(store: Store, txn, problems: list[str], notes: list[str]) -> None:
+    """Each item's record, vector and thumbnail against the checksums stored with it (reads them all)."""
+    if "checksums" not in store.dbs:
+        notes.append("no checksums: this gallery was built before metricsearch stored them, so the bytes of its "
+                     "thumbnails and vectors are not checked")
+        return
+    damaged, unchecked = [], 0
+    dbs = store.dbs
+    for key, record in txn.cursor(db=dbs["items"]):
+        stored = txn.get(key, db=dbs["checksums"])
+        if stored is None:
+            unchecked += 1
+            continue
+        parts = mismatches(stored, record, txn.get(key, b"", db=dbs["embeddings"]),
+                           txn.get(key, b"", db=dbs["thumbnails"]))
+        if parts:
+            damaged.append(f"item {key_id(key)} ({' and '.join(parts)})")
+    if damaged:
+        problems.append(f"{len(damaged)} item(s) do not match the checksums stored with them: "
+                        f"{', '.join(damaged[:5])}; remove them with `metricsearch index remove --ids ...` and add "
+                        "their images again, or restore the gallery folder from a backup")
+    if unchecked:
+        notes.append(f"{unchecked} item(s) have no checksums: added before metricsearch stored them")
 
 
 def _check(store: Store, db: Path, txn, problems: list[str], notes: list[str]) -> dict | None:
@@ -98,6 +119,7 @@ def _check(store: Store, db: Path, txn, problems: list[str], notes: list[str]) -
     bad = sum(len(v) != width for v in txn.cursor(db=store.dbs["embeddings"]).iternext(keys=False))
     if bad:
         problems.append(f"{bad} embedding(s) are not {model['dim']}-d float32 vectors")
+    _check_checksums(store, txn, problems, notes)
     try:
         loaded = load_index(db)
     except UnusableIndex as exc:

@@ -1,5 +1,5 @@
-"""Stage 3, the single writer: each batch in one LMDB transaction (items, embeddings, thumbnails,
-hashes, sources, failures, the change log and the counters), and removals the same way."""
+"""Stage 3, the single writer: each batch in one LMDB transaction (items, embeddings, thumbnails, their
+checksums, hashes, sources, failures, the change log and the counters), and removals the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import lmdb
 import numpy as np
 
-from .layout import ADD, REMOVE, ItemRecord, Store, id_key
+from .layout import ADD, REMOVE, ItemRecord, Store, checksums, id_key
 from .pipeline import ReadItem
 
 
@@ -79,10 +79,13 @@ class GalleryWriter:
                     job["duplicates"] = job.get("duplicates", 0) + 1
                     continue
                 key = id_key(next_id)
-                txn.put(key, ItemRecord(it.source, it.label, it.sha256, it.size).encode(), db=dbs["items"])
-                txn.put(key, np.asarray(vector, dtype="<f4").tobytes(), db=dbs["embeddings"])
+                record = ItemRecord(it.source, it.label, it.sha256, it.size).encode()
+                vector = np.asarray(vector, dtype="<f4").tobytes()
+                txn.put(key, record, db=dbs["items"])
+                txn.put(key, vector, db=dbs["embeddings"])
                 if it.thumbnail:
                     txn.put(key, it.thumbnail, db=dbs["thumbnails"])
+                txn.put(key, checksums(record, vector, it.thumbnail), db=dbs["checksums"])
                 txn.put(it.sha256, key, db=dbs["hashes"])
                 txn.put(source, key, db=dbs["sources"])
                 added.append(next_id)
@@ -110,7 +113,7 @@ class GalleryWriter:
                 if record is None:
                     continue
                 key = id_key(int(i))
-                for name in ("items", "embeddings", "thumbnails"):
+                for name in ("items", "embeddings", "thumbnails", "checksums"):
                     txn.delete(key, db=dbs[name])
                 if txn.get(record.sha256, db=dbs["hashes"]) == key:
                     txn.delete(record.sha256, db=dbs["hashes"])

@@ -18,8 +18,12 @@ __all__ = ["ArrayEmbedder", "OnnxEmbedder", "PixelEmbedder", "Preprocessing", "e
 
 
 def open_embedder(model: str, device: str = "auto", pixels_size: int = 28,
-                  pixels_channels: int = 1) -> OnnxEmbedder | PixelEmbedder:
-    """The run-time embedder a name gives: an exported .onnx file, or `pixels` for the raw-pixel baseline."""
-    if model == "pixels":
-        return PixelEmbedder(pixels_size, pixels_channels)
-    return OnnxEmbedder(model, device=device)
+                  pixels_channels: int = 1, *, memory: int | None = None) -> OnnxEmbedder | PixelEmbedder:
+    """The run-time embedder a name gives: an exported .onnx file, or `pixels` for the raw-pixel baseline.
+    `memory`: a batch job's budget of peak resident bytes (`ArrayEmbedder.memory`), with onnxruntime's memory
+    arena off (see OnnxEmbedder); None: a server's embedder (the arena on)."""
+    embedder = (PixelEmbedder(pixels_size, pixels_channels) if model == "pixels"
+                else OnnxEmbedder(model, device=device, arena=memory is None))
+    if memory is not None:
+        embedder.memory = memory
+    return embedder

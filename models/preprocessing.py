@@ -14,6 +14,10 @@ RESIZE_POLICIES = ("stretch", "shorter_center_crop", "ink_box")
 INK_FILL = 0.8
 #: ink_box: a pixel is ink when its grey level differs from the background's (the border's median) by more than this
 INK_CONTRAST = 64
+#: ink_box: the largest square side made at full scale; a larger square (the ink of a long image far apart) is reduced
+INK_SQUARE_SIDE = 2048
+#: ink_box: pixels read at a time to find the ink and to make the square (temporaries of a strip, not of the image)
+STRIP_PIXELS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -132,25 +136,53 @@ class Preprocessing:
 
 def ink_square(image: Image.Image, fill: float = INK_FILL) -> Image.Image:
     """The square around a drawing's ink (centred on its bounding box, the longer side `fill` of it), padded
-    with the background's colour where it leaves the image; the whole image when it has no ink."""
+    with the background's colour where it leaves the image; the whole image when it has no ink. A square over
+    INK_SQUARE_SIDE pixels comes reduced by the smallest whole factor that brings it within (block means)."""
     return _ink_square(image, fill)[0]
 
 
 def _ink_square(image: Image.Image, fill: float) -> tuple[Image.Image, int]:
-    """`ink_square` and the paper's grey level (the median of the image's border), from one grey copy."""
+    """`ink_square` and the paper's grey level (the median of the image's border), from one grey copy whose ink is
+    found a strip of rows at a time; the square no larger than INK_SQUARE_SIDE however far apart the ink lies."""
     grey = _grey(image)
     level = _paper(grey)
-    ink = _ink(grey, level)
-    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    inked_rows, inked_cols = np.zeros(grey.shape[0], bool), np.zeros(grey.shape[1], bool)
+    step = max(1, STRIP_PIXELS // grey.shape[1])
+    for top in range(0, grey.shape[0], step):
+        ink = _ink(grey[top:top + step], level)
+        inked_rows[top:top + step] = ink.any(axis=1)
+        inked_cols |= ink.any(axis=0)
+    del grey  # freed before the square is made
+    rows, cols = np.flatnonzero(inked_rows), np.flatnonzero(inked_cols)
     if rows.size == 0:
         return image, level
     left, top, right, bottom = int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1
     side = round(max(bottom - top, right - left) / fill)  # >= 1: the box holds a pixel and fill <= 1
+    factor = -(-side // INK_SQUARE_SIDE)
+    side = -(-side // factor) * factor  # whole blocks (the same side when factor is 1)
     x0, y0 = (left + right - side) // 2, (top + bottom - side) // 2
-    background = level if image.mode == "L" else tuple(int(v) for v in np.median(_border(np.asarray(image)), axis=0))
+    background = level if image.mode == "L" else tuple(int(v) for v in np.median(_edges(image), axis=0))
+    if factor > 1:
+        return _reduced_square(image, side, x0, y0, background, factor), level
     square = Image.new(image.mode, (side, side), background)
     square.paste(image, (-x0, -y0))
     return square, level
+
+
+def _reduced_square(image: Image.Image, side: int, x0: int, y0: int, background: int | tuple[int, ...],
+                    factor: int) -> Image.Image:
+    """The side x side square of `image` whose corner is at (x0, y0), padded with `background`, each factor x factor
+    block the mean of its pixels (`Image.reduce`; `side` a multiple of `factor`), made a strip of blocks at a time."""
+    square = Image.new(image.mode, (side // factor, side // factor), background)
+    first_col, end_col = max(0, -x0) // factor, -(-min(side, image.width - x0) // factor)  # blocks the image is in
+    first_row, end_row = max(0, -y0) // factor, -(-min(side, image.height - y0) // factor)
+    rows = max(1, STRIP_PIXELS // (factor * factor * (end_col - first_col)))
+    for row in range(first_row, end_row, rows):
+        strip = Image.new(image.mode, ((end_col - first_col) * factor, (min(row + rows, end_row) - row) * factor),
+                          background)
+        strip.paste(image, (-x0 - first_col * factor, -y0 - row * factor))
+        square.paste(strip.reduce(factor), (first_col, row))
+    return square
 
 
 def ink_stroke(image: Image.Image, width: float, level: int | None = None) -> Image.Image:
@@ -196,7 +228,16 @@ def _border(pixels: np.ndarray) -> np.ndarray:
     return np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
 
 
+def _edges(image: Image.Image) -> np.ndarray:
+    """`_border` of an image's pixels, from four one-pixel crops: no copy of the image."""
+    w, h = image.size
+    top, bottom, left, right = (np.asarray(image.crop(box))
+                                for box in ((0, 0, w, 1), (0, h - 1, w, h), (0, 0, 1, h), (w - 1, 0, w, h)))
+    return np.concatenate([top[0], bottom[0], left[:, 0], right[:, 0]])
+
+
 def _grey(image: Image.Image) -> np.ndarray:
+    """An image's grey levels (a copy of an L image's pixels, or the image converted to L)."""
     return np.asarray(image if image.mode == "L" else image.convert("L"))
 
 

@@ -65,7 +65,7 @@ def test_upload_shows_captioned_results_a_click_searches_again_and_a_bad_file_is
         browser_page, server, gallery_items, tmp_path: Path) -> None:
     item_id, label, image = gallery_items[1]
     query = tmp_path / "query.png"
-    image.resize((112, 112), Image.NEAREST).save(query)
+    image.resize((112, 112), Image.BILINEAR).save(query)
     page = browser_page
     results = page.locator("#results .caption-label")
     _search_by_upload(page, server.url, query, results)

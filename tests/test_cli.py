@@ -115,8 +115,8 @@ def test_train_combines_components_from_the_command_line(tmp_path, capsys) -> No
     config = yaml.safe_load(saved)
     assert config["sampler"]["name"] == "p_random" and config["sampler"]["p"] == 0.1
     assert config["weighting"]["name"] == "importance" and config["loss"]["name"] == "contrastive"
-    rows = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
-    assert summary["last"]["recall_at_k"] == json.loads(rows[-1])["recall_at_k"]  # what it printed is what it ran
+    *rows, test = (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    assert summary["last"] == json.loads(rows[-1]) and summary["test"] == json.loads(test)  # what it printed it ran
 
 
 def test_incompatible_components_are_refused_at_start_up(tmp_path, capsys) -> None:
@@ -160,8 +160,8 @@ def test_training_interrupted_with_ctrl_c_resumes(tmp_path) -> None:
     done = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["epochs"] == 12
-    rows = [json.loads(r) for r in (tmp_path / "digits" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == list(range(1, 13))
+    *rows, test = [json.loads(r) for r in (tmp_path / "digits" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, 13)) and test["split"] == "test" and test["epoch"] == 12
 
 
 def test_listing_into_a_closed_pipe_is_silent() -> None:

@@ -97,7 +97,7 @@ def test_default_demo_beats_raw_pixels_on_every_printed_metric(tmp_path: Path, c
     captured = capsys.readouterr()
     out = captured.out
     assert "[1/5] train: omniglot" in out and "Constant folding" not in captured.err, captured
-    assert re.search(r"best\.pt: epoch \d+ of \d+.*best Recall@1 on the held-out classes", out), out
+    assert re.search(r"best\.pt: epoch 3 of 3, the last epoch.*on the test classes, scored once", out), out
     assert "sample searches: the first test image of the first 8 of the " in out, out
 
     table = out[out.index("evaluation on the "):out.index("sample searches")]

@@ -59,6 +59,8 @@ def test_gathered_loss_and_gradients_equal_the_single_process_ones(tmp_path: Pat
                     torch.testing.assert_close(got["param_grads"][key], p.grad, rtol=1e-5, atol=1e-6)
         assert any(g.abs().sum() > 0 for g in (ranks[0][name]["grad"], ranks[1][name]["grad"])), name
     assert ranks[0]["margin_learned"]["param_grads"], "the learned beta got no gradient"
+    for name in ("proxy_anchor", "soft_triple"):  # replicated, not split: every rank holds the same whole gradient
+        assert torch.equal(ranks[0][name]["param_grads"]["proxies"], ranks[1][name]["param_grads"]["proxies"])
 
 
 def test_two_process_run_trains_evaluates_and_writes_one_run_dir(tmp_path: Path) -> None:
@@ -75,10 +77,10 @@ def test_two_process_run_trains_evaluates_and_writes_one_run_dir(tmp_path: Path)
         capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert [p.name for p in tmp_path.iterdir()] == ["ddp"]
-    rows = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    *rows, test = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3]  # the third distils
     assert all(r["world_size"] == 2 for r in rows)
-    assert 0.0 < rows[-1]["recall_at_k"]["1"] <= 1.0
+    assert test["split"] == "test" and test["epoch"] == 3 and 0.0 < test["recall_at_k"]["1"] <= 1.0  # rank 0's
     summaries = [line for line in resumed.stdout.splitlines() if line.startswith("{")]
     assert len(summaries) == 1 and json.loads(summaries[0])["epochs"] == 3  # rank 0 alone reports
     state = torch.load(tmp_path / "ddp" / "last.pt", weights_only=False)

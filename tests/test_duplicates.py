@@ -16,33 +16,10 @@ from metricsearch.index.duplicates import components
 
 from conftest import SHARED
 from index_data import cli
+from onnx_models import pixel_correlation_onnx
 
 GROCERY = SHARED / "data" / "grocery" / "dataset" / "test"
 EDITS = ("half", "jpeg30", "crop5", "bright")
-
-
-def pixel_correlation_onnx(path: Path, size: int = 12) -> Path:
-    """An ONNX embedder of an image's centred, L2-normalised size x size RGB pixels: the cosine of two
-    embeddings is their pixel correlation. An instance-level model: a class-trained one (the digits
-    model) pulls every image of a class together, so it cannot tell a copy from a sibling."""
-    from onnx import TensorProto, checker, helper
-
-    nodes = [helper.make_node("Flatten", ["images"], ["flat"], axis=1),
-             helper.make_node("ReduceMean", ["flat"], ["mean"], axes=[1], keepdims=1),
-             helper.make_node("Sub", ["flat", "mean"], ["centred"]),
-             helper.make_node("LpNormalization", ["centred"], ["embedding"], axis=1, p=2)]
-    graph = helper.make_graph(
-        nodes, "pixel_correlation", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["n", 3, size, size])],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["n", 3 * size * size])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    preprocessing = {"size": size, "channels": 3, "mean": [0, 0, 0], "std": [1, 1, 1], "resize": "stretch"}
-    for key, value in {"preprocessing": json.dumps(preprocessing), "embedding_dim": str(3 * size * size),
-                       "normalized": "true"}.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = "metricsearch." + key, value
-    checker.check_model(model)
-    path.write_bytes(model.SerializeToString())
-    return path
 
 
 def edited(image: Image.Image, edit: str) -> Image.Image:

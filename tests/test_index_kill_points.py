@@ -1,5 +1,6 @@
 """A real `index build` subprocess SIGKILLed at every named step of a build, and commands that must
-fail before they leave anything on disk: after each, the gallery recovers to the clean build's items."""
+fail before they leave anything on disk: after each, the gallery recovers to the clean build's items, and an
+interrupted build is finished by --resume only (`index rebuild` refuses to mark it ready)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,24 @@ def test_a_build_killed_at_every_step_recovers_to_exactly_the_clean_gallery(digi
     killed = killed_at("batch:3", build_args(digits_onnx, f"files:{images}", tmp_path / "third"))
     assert killed.returncode == -signal.SIGKILL
     assert job_state(tmp_path / "third")["count"] == 24  # three batches of 8 were committed
+
+
+def test_rebuild_refuses_an_interrupted_build_that_verify_calls_unfinished_and_resume_ends(digits_onnx, tmp_path,
+                                                                                          capsys) -> None:
+    images = write_flat_folder(tmp_path / "imgs", 40)
+    db = tmp_path / "g"
+    args = build_args(digits_onnx, f"files:{images}", db)
+    assert killed_at("batch:2", args).returncode == -signal.SIGKILL
+    assert job_state(db)["count"] == 16
+    assert main(["index", "rebuild", "--db", str(db)]) == 2  # not marked ready with 16 of its 40 images
+    err = one_line(capsys.readouterr().err)
+    assert "did not finish (16 images stored" in err and "--resume" in err, err
+    assert job_state(db)["state"] == "building"
+    assert main(["index", "verify", "--db", str(db)]) == 1
+    assert "the build did not finish" in capsys.readouterr().err
+    assert main([*args, "--resume"]) == 0
+    check = verify_gallery(db)
+    assert check["ok"] and check["count"] == 40, check
 
 
 @pytest.mark.parametrize("images", ["files:/no/such/dir", "no_scheme_folder", "filez:{images}"])

@@ -27,6 +27,14 @@ OVERRIDES: dict[str, list[str]] = {
     # N-pair uses only the first two images of each class: the paper's batch is n classes x 2
     # (with 5 classes x 16 images, 70 of the 80 embedded images would carry no loss term)
     "npair": ["sampler.classes_per_batch=5", "sampler.images_per_class=2"],
+    # a plain softmax over the 5 training digits' proxies in 4 dimensions learns a 5-way classifier whose features
+    # hold no new digit apart (Recall@1 0.36-0.40 after 16 steps, under the untrained 0.47, at lr 0.001 or 0.0003):
+    # with the rotated copies as 15 more classes, they learn features that do
+    "normsoftmax": ["augment_classes=[rot90, rot180, rot270]"],
+    "proxy_nca": ["augment_classes=[rot90, rot180, rot270]"],
+    # ArcFace's scale 64 with its angular margin: at lr 0.001 the second epoch falls back to the untrained model's
+    # Recall@1 (0.47; 0.55 after the first), at 0.0003 it reaches 0.62
+    "arcface": ["optimizer.lr=0.0003", "optimizer.head_lr=0.0003"],
 }
 
 
@@ -54,14 +62,14 @@ def test_loss_trains_on_digits(name, tmp_path, untrained_recall_at_1):
     config = quick_config(tmp_path, name)
     assert config["model"]["dim"] == 4 and config["loss"]["name"] == name
     result = train(config, progress=False)
-    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    *rows, test = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2] and result.epochs == 2
     losses = [row["loss"] for row in rows]
-    recalls = [row["recall_at_k"]["1"] for row in rows]
-    assert result.last_metrics["recall_at_k"][1] == recalls[-1]
+    assert test["split"] == "test" and test["epoch"] == 2  # too few classes to validate: the last epoch, scored once
+    assert result.test["recall_at_k"][1] == test["recall_at_k"]["1"]
     assert losses[1] < losses[0], f"{name}: loss per epoch {losses}"
-    assert recalls[-1] > untrained_recall_at_1, (
-        f"{name}: Recall@1 per epoch {recalls}, untrained {untrained_recall_at_1:.4f}"
+    assert test["recall_at_k"]["1"] > untrained_recall_at_1, (
+        f"{name}: Recall@1 {test['recall_at_k']['1']}, untrained {untrained_recall_at_1:.4f}"
     )
 
 
@@ -72,4 +80,4 @@ def test_margin_with_per_image_beta_trains_through_the_trainer(tmp_path, untrain
     state = torch.load(result.run_dir / "last.pt", weights_only=False)
     beta_image = state["loss"]["beta_image"]
     assert beta_image.shape == (901,) and beta_image.abs().sum() > 0  # the trainer fed per-image indices
-    assert result.last_metrics["recall_at_k"][1] > untrained_recall_at_1
+    assert result.test["recall_at_k"][1] > untrained_recall_at_1

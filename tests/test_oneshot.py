@@ -213,7 +213,7 @@ def test_final_fit_trains_on_every_class_and_keeps_the_last_epoch(tmp_path, caps
     result = train(config, progress=False)
     rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2] and not any("recall_at_k" in r for r in rows)  # no evaluation
-    assert result.best_recall_at_1 is None  # nothing was measured, and no sentinel says otherwise
+    assert result.val_recall_at_1 is None and result.test is None  # nothing measured, and no sentinel says otherwise
     best = torch.load(result.run_dir / "best.pt", weights_only=False)
     last = torch.load(result.run_dir / "last.pt", weights_only=False)
     assert best["epoch"] == last["epoch"] == 2

@@ -4,12 +4,15 @@ once, failed logins), its peak memory read from /proc, and bad `serve` arguments
 
 from __future__ import annotations
 
+import glob
 import io
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -104,7 +107,7 @@ def _png(image: Image.Image) -> bytes:
 def good_query(gallery_items) -> tuple[bytes, int]:
     """A gallery item's thumbnail, scaled up, as PNG bytes; and the item's id (the first hit)."""
     item_id, _, image = gallery_items[0]
-    return _png(image.resize((56, 56), Image.NEAREST)), item_id
+    return _png(image.resize((56, 56), Image.BILINEAR)), item_id
 
 
 def _hits_first(data: str) -> int:
@@ -120,9 +123,8 @@ def test_search_reads_only_regular_files_uploaded_to_this_server(served, good_qu
     outside.write_bytes(good_query[0])  # a real image, readable by the server, but never uploaded to it
     fifo = tmp_path / "fifo.png"
     os.mkfifo(fifo)
-    uploaded = Path(served.upload(good_query[0]))
+    uploaded = _private(served.upload(good_query[0], f"{uuid.uuid4().hex}.png"))
     uploads = uploaded.parent.parent  # Gradio puts each upload in a folder of its own under the upload folder
-    assert uploads.name.startswith("metricsearch-uploads-") and not str(uploads).startswith("/tmp/gradio")
     link = uploaded.parent / "link.png"
     link.symlink_to(outside)
     refused = [str(outside), str(fifo), "/dev/stdin", str(link), str(tmp_path), str(uploads), str(uploaded.parent),
@@ -141,11 +143,20 @@ def test_search_reads_only_regular_files_uploaded_to_this_server(served, good_qu
     assert event == "complete" and _hits_first(data) == good_query[1], data
 
 
+def _private(public: str) -> Path:
+    """The server path of an upload that the server names `uploads/...` to its clients (issue 86)."""
+    relative = public.removeprefix("uploads/")
+    found = [Path(f) for f in glob.glob(os.path.join(tempfile.gettempdir(), "metricsearch-uploads-*"))
+             if Path(f, relative).is_file()]
+    assert public.startswith("uploads/") and len(found) == 1, (public, found)
+    return found[0] / relative
+
+
 def test_each_server_uploads_into_a_folder_of_its_own_deleted_at_exit(digits_gallery: Path, good_query,
                                                                       tmp_path: Path) -> None:
     server = Served(digits_gallery, tmp_path / "server.log")
     try:
-        uploads = Path(server.upload(good_query[0])).parent.parent
+        uploads = _private(server.upload(good_query[0], f"{uuid.uuid4().hex}.png")).parent.parent
         assert uploads.is_dir() and uploads.name.startswith("metricsearch-uploads-")
     finally:
         server.close()
@@ -238,10 +249,10 @@ def test_failed_logins_from_one_address_are_throttled(digits_gallery: Path, free
     (["--port", "70000"], "--port must be between 1 and 65535, got 70000"),
     (["--port", "-1"], "--port must be between 1 and 65535, got -1"),
     (["--host", "256.1.1.1"], "--host 256.1.1.1 is not an address or a known host name"),
-    (["--max-megapixels", "0"], "--max-megapixels must be a positive number, got 0"),
-    (["--max-megapixels", "-1"], "--max-megapixels must be a positive number, got -1"),
-    (["--max-upload-mb", "inf"], "--max-upload-mb must be a positive number, got inf"),
-    (["--concurrency", "0"], "--concurrency must be a positive number, got 0"),
+    (["--max-megapixels", "0"], "--max-megapixels must be a positive number of at most 100, got 0"),
+    (["--max-megapixels", "-1"], "--max-megapixels must be a positive number of at most 100, got -1"),
+    (["--max-upload-mb", "inf"], "--max-upload-mb must be a positive number of at most 1024, got inf"),
+    (["--concurrency", "0"], "--concurrency must be a positive number of at most 64, got 0"),
     ("missing model", "model.onnx does not exist"),
     ("garbage model", "model.onnx is not a loadable ONNX model"),
 ])

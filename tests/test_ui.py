@@ -105,7 +105,7 @@ def handlers(digits_gallery: Path, tmp_path_factory: pytest.TempPathFactory):
 
 def _png(tmp_path: Path, image: Image.Image, name: str = "query.png", size: int = 56) -> Path:
     path = tmp_path / name
-    image.resize((size, size), Image.NEAREST).save(path)
+    image.resize((size, size), Image.BILINEAR).save(path)  # smooth: a blocky copy is another image to the model
     return path
 
 

@@ -1,10 +1,12 @@
 """TensorBoard event files of a training run (`logging.tensorboard: true`), in RUN_DIR/tensorboard/.
 
 Every scalar of a metrics.jsonl row (loss, learning rate, images/s, each evaluation metric) goes in as it
-is, at step = epoch: metrics.jsonl stays the record, the event files a view of it. At each evaluation
-they also get the histograms of positive and negative pair similarities of a batch of held-out images,
+is, at step = epoch (the test classes' final record under test/, the off-the-shelf features' under off_the_shelf/):
+metrics.jsonl stays the record, the event files a view of it. At each evaluation (on the validation classes)
+they also get the histograms of positive and negative pair similarities of a batch of validation images,
 and the loss's General Pair Weighting picture on that batch (`inspect-loss`), also saved as
-RUN_DIR/pair_weights.png.
+RUN_DIR/pair_weights.png; not for a proxy loss, whose pairs are with the training classes' proxies, which held-out
+classes have none of.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from metricsearch.errors import MetricsearchError
 from metricsearch.models.torch_embedder import Embedder
 from metricsearch.train.losses.base import MetricLoss, label_masks
 from metricsearch.train.losses.pair_weight_plots import plot_pair_weights
+from metricsearch.train.losses.proxies import ProxyLoss
 from metricsearch.train.sampling import build_sampler
 
 #: the held-out batch of the histograms and the pair-weight picture: classes x images per class
@@ -48,17 +51,19 @@ class Board:
         self.run_dir = Path(run_dir)
         self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
 
-    def row(self, row: dict[str, Any]) -> None:
-        """An epoch's metrics row, every scalar at step = its epoch."""
-        for tag, value in scalars(row):
+    def row(self, row: dict[str, Any], prefix: str = "") -> None:
+        """A metrics.jsonl record, every scalar at step = its epoch, its tag after `prefix` (test/: the final record,
+        off_the_shelf/: the off-the-shelf features', at epoch 0)."""
+        for tag, value in scalars(row, prefix):
             self.writer.add_scalar(tag, value, int(row["epoch"]))
         self.writer.flush()
 
-    def evaluation(self, epoch: int, model: Embedder, test: ImageSet, loss: MetricLoss, seed: int = 0) -> None:
-        """Similarity histograms and the pair-weight picture of `loss` on one held-out batch, at step `epoch`."""
-        sampler = build_sampler("group", test.labels, classes_per_batch=min(BATCH_CLASSES, len(set(test.labels))),
+    def evaluation(self, epoch: int, model: Embedder, images: ImageSet, loss: MetricLoss, seed: int = 0) -> None:
+        """Similarity histograms and the pair-weight picture of `loss` on one batch of `images` (the validation
+        classes'), at step `epoch`."""
+        sampler = build_sampler("group", images.labels, classes_per_batch=min(BATCH_CLASSES, len(set(images.labels))),
                                 images_per_class=BATCH_PER_CLASS, seed=seed)
-        batch = test.subset(next(iter(sampler)))
+        batch = images.subset(next(iter(sampler)))
         device = next((p.device for p in loss.parameters()), torch.device("cpu"))
         embeddings = torch.from_numpy(model.embed_set(batch)).to(device)
         labels = torch.as_tensor(np.asarray(batch.labels), device=device)
@@ -67,9 +72,11 @@ class Board:
         positive, negative = label_masks(labels)
         self.writer.add_histogram("similarity/positive", sim[positive].cpu(), epoch)
         self.writer.add_histogram("similarity/negative", sim[negative].cpu(), epoch)
-        picture = plot_pair_weights({type(loss).__name__: loss}, embeddings, labels, self.run_dir / "pair_weights.png")
-        with Image.open(picture) as image:
-            self.writer.add_image("pair_weights", np.asarray(image.convert("RGB")), epoch, dataformats="HWC")
+        if not isinstance(loss, ProxyLoss):  # a proxy loss's pairs are with the training classes' proxies
+            picture = plot_pair_weights({type(loss).__name__: loss}, embeddings, labels,
+                                        self.run_dir / "pair_weights.png")
+            with Image.open(picture) as image:
+                self.writer.add_image("pair_weights", np.asarray(image.convert("RGB")), epoch, dataformats="HWC")
         self.writer.flush()
 
     def close(self) -> None:

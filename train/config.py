@@ -19,7 +19,7 @@ from metricsearch.models.torch_embedder import SYMMETRIES
 from metricsearch.registry import Registry
 from metricsearch.train.augment import AUGMENT_CONTEXT, AUGMENTATIONS
 from metricsearch.train.context import CONTEXT_KEYS
-from metricsearch.train.losses import LOSSES
+from metricsearch.train.losses import LOSSES, learns_proxies
 from metricsearch.train.optim import OPTIMIZERS, SCHEDULES
 from metricsearch.train.sampling import MINERS, SAMPLERS, WEIGHTINGS
 
@@ -120,13 +120,14 @@ class ModelConfig(Section):
 
 
 class EvalConfig(Section):
-    """The `eval` section: how often and what to evaluate on the held-out classes."""
+    """The `eval` section: how often to evaluate on the validation classes (`val_classes`), and what to measure there
+    and on the test classes, which are scored once, after the last epoch."""
 
     every: Count = 1
     batch_size: Count = 256
     recall_k: list[Count] | None = None  # None: the data set's own K values
     nmi: bool = True
-    one_shot_ways: Annotated[int, _at_least(2)] | None = None
+    one_shot_ways: Annotated[int, _at_least(2)] | None = None  # the test classes' N-way one-shot accuracy
 
 
 class MemoryConfig(Section):
@@ -177,6 +178,9 @@ class TrainConfig(Section):
     dataset: str = "digits"
     split_classes: float | None = None
     split: Literal["test", "swap", "all"] = "test"  # swap: train and test exchanged; all: final fit, no test
+    # this fraction of the training classes (drawn with `seed`) is not trained on: best.pt is the epoch of their best
+    # Recall@1; 0, a final fit, or fewer than 2 of them (or of the classes left to train): best.pt is the last epoch
+    val_classes: Annotated[float, Field(ge=0.0, lt=1.0, strict=True)] = 0.2
     augment_classes: list[str] = Field(default_factory=list)  # e.g. [rot90, rot180]: transformed copies as classes
     download: bool = False
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -378,6 +382,10 @@ def typed_config(config: dict[str, Any]) -> TrainConfig:
     if typed.memory.size and typed.model.members > 1:
         raise ValueError("memory (a cross-batch memory) keeps one embedding per image: set model.members: 1, "
                          "or memory.size: 0")
+    loss = typed.component("loss")[0]
+    if typed.model.members > 1 and learns_proxies(loss):
+        raise ValueError(f"loss {loss} learns proxies of one embedding, which an ensemble's members would share: "
+                         "set model.members: 1, or use a loss of the five papers")
     if typed.ema.span and typed.ema.start_epoch >= typed.epochs:
         raise ValueError(f"config key ema.start_epoch ({typed.ema.start_epoch}) must come before the run's last "
                          f"epoch: set it below epochs ({typed.epochs}), or ema.span: 0")

@@ -5,7 +5,9 @@ and LOCAL_RANK set. Each rank embeds its own share of the batch; embeddings, lab
 set indices are all-gathered before the loss, so every pair loss, miner and weighting sees the
 global batch. Gradients flow only through each rank's own rows, and DistributedDataParallel
 sums (not averages) the ranks' gradients, so a step equals the single-process step on the
-global batch.
+global batch. The loss's own parameters (proxies, learned betas) are replicated, not split:
+every rank computes their whole gradient from the global batch, and `average_gradients` keeps
+the copies identical.
 """
 
 from __future__ import annotations
@@ -101,6 +103,20 @@ def gather_batch(embeddings: Tensor, labels: Tensor, indices: Tensor,
                  ctx: DistContext) -> tuple[Tensor, Tensor, Tensor]:
     """The global batch: embeddings (with this rank's gradients), labels and data set indices of every rank."""
     return gather_rows(embeddings, ctx), gather_rows(labels, ctx), gather_rows(indices, ctx)
+
+
+def average_gradients(module: nn.Module, ctx: DistContext) -> None:
+    """Replace the gradients of a module that every rank holds whole (the loss's proxies or learned betas, outside
+    DistributedDataParallel) by their mean over the ranks: each rank computed them from the same global batch, so
+    the mean is the single-process gradient, and the copies stay identical however the ranks rounded."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not ctx.active or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= ctx.world_size
+    for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(mean.view_as(grad))
 
 
 def barrier(ctx: DistContext) -> None:

@@ -21,6 +21,7 @@ from metricsearch.data import load_image_set
 from metricsearch.models.torch_embedder import Embedder, load_checkpoint, resolve_checkpoint
 from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
 from metricsearch.train.runs import run_split, sample_batch
+from metricsearch.train.projection import Projected, projected
 from metricsearch.train.whitening import change_views
 
 if TYPE_CHECKING:
@@ -79,13 +80,16 @@ def check_out(out: str | Path, overwrite: bool) -> Path:
 def export_onnx(
     model: Embedder | str | Path, out: str | Path, batch: np.ndarray | None = None, *,
     dataset: str | None = None, batch_size: int = 32, source: str = "", opset: int = 17, atol: float = 1e-4,
-    overwrite: bool = False, views: dict[str, list] | None = None,
+    overwrite: bool = False, views: dict[str, list] | None = None, dim: int | None = None,
+    whiten_projection: bool = False, fit_images: str | None = None,
 ) -> ExportReport:
     """Write a model, or a run directory's / checkpoint's, as ONNX (dynamic batch axis, metadata) to `out`,
     checked for parity on `batch` (default: `batch_size` test images of the run's data set, or of `dataset`).
     `views` (from `check_views`: model keys tta_shifts, tta_rotations, tta_symmetries) replaces the test-time
     views: fewer make a faster graph; a whitened run's matrix is fit again on its training images for other shifts
-    or rotations.
+    or rotations. `dim` appends a PCA projection to that many dimensions (whitened with `whiten_projection`),
+    re-normalised, fit on the images of the spec `fit_images` (default: a run's training images); the file's
+    metadata `projection` says what it was fit on.
     An existing `out` is replaced only with `overwrite`; its folder must exist."""
     import onnx
 
@@ -106,6 +110,11 @@ def export_onnx(
     if views:
         change_views(model, None if in_memory else lambda: own_split().train, views.get("tta_shifts"),
                      views.get("tta_rotations"), views.get("tta_symmetries"))
+    if dim is not None:
+        if fit_images is None and in_memory:
+            raise ValueError("--dim needs --fit-images SPEC: the images whose embeddings the projection is fit on")
+        images = load_image_set(fit_images) if fit_images is not None else own_split().train
+        model = projected(model, images, fit_images or "the run's training images", dim, whiten_projection)
     example = torch.from_numpy(batch[:2])
     with warnings.catch_warnings():
         # the exporter warns, once per pass, that it cannot fold the strided slices of the shifted test views;
@@ -127,6 +136,8 @@ def export_onnx(
         "version": metricsearch.__version__,
         "source": source,
     }
+    if isinstance(model, Projected):
+        meta["projection"] = model.description
     add_metadata(proto, meta)
     proto.producer_name = "metricsearch"
     onnx.checker.check_model(proto)
@@ -141,11 +152,13 @@ def export_onnx(
 
 def export_pretrained(
     backbone: str, out: str | Path, pretrained: str | bool = "imagenet", *, images: str | None = None,
-    batch_size: int = 32, opset: int = 17, atol: float = 1e-4, overwrite: bool = False,
+    batch_size: int = 32, opset: int = 17, atol: float = 1e-4, overwrite: bool = False, dim: int | None = None,
+    whiten_projection: bool = False, fit_images: str | None = None,
 ) -> ExportReport:
     """Write a backbone's pooled, L2-normalised features (no training, no head) as an ONNX embedder to `out`,
     with the backbone's own preprocessing, checked for parity on `batch_size` images of the spec `images`
-    (default: seeded random-pixel photos). An existing `out` is replaced only with `overwrite`."""
+    (default: seeded random-pixel photos); `dim`: a PCA projection fit on `fit_images` appended (export_onnx).
+    An existing `out` is replaced only with `overwrite`."""
     check_out(out, overwrite)
     model = Embedder(backbone, dim=None, normalize=True, pretrained=pretrained)
     pre = model.preprocessing
@@ -156,4 +169,5 @@ def export_pretrained(
         batch = pre.batch([Image.fromarray(rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
                            for _ in range(max(1, batch_size))])
     return export_onnx(model, out, batch, source=f"{backbone} pretrained={pretrained}, no training",
-                       opset=opset, atol=atol, overwrite=overwrite)
+                       opset=opset, atol=atol, overwrite=overwrite, dim=dim, whiten_projection=whiten_projection,
+                       fit_images=fit_images)

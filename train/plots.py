@@ -7,7 +7,7 @@ from typing import Any
 
 
 def training_figure(history: list[dict[str, Any]], title: str = "") -> Any:
-    """A two-panel matplotlib figure (train loss, test Recall@1 per epoch) of metrics.jsonl rows; both
+    """A two-panel matplotlib figure (train loss, validation Recall@1 per epoch) of metrics.jsonl rows; both
     panels span every epoch, tick whole epochs only and shade the distillation's epochs (rows with phase: distill)."""
     import matplotlib
 
@@ -21,7 +21,7 @@ def training_figure(history: list[dict[str, Any]], title: str = "") -> Any:
     ax_loss.set(xlabel="epoch", ylabel="mean training loss", title="loss")
     evals = [row for row in history if row.get("recall_at_k")]
     ax_r1.plot([r["epoch"] for r in evals], [r["recall_at_k"][1] for r in evals], marker="o", color="tab:green")
-    ax_r1.set(xlabel="epoch", ylabel="Recall@1 (test classes)", title="Recall@1", ylim=(0, 1.02))
+    ax_r1.set(xlabel="epoch", ylabel="Recall@1 (validation classes)", title="Recall@1", ylim=(0, 1.02))
     distilled = [row["epoch"] for row in history if row.get("phase") == "distill"]
     for ax in (ax_loss, ax_r1):
         if distilled:  # their loss adds the distance to the targets

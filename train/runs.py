@@ -18,7 +18,8 @@ def run_split(state: dict[str, Any], dataset: str | None = None) -> DataSplit:
         raise ValueError("the checkpoint names no data set: pass --dataset SPEC")
     if dataset:
         return load_split(spec)
-    return load_split(spec, split_classes=saved.get("split_classes"), split=saved.get("split", "test"))
+    return load_split(spec, split_classes=saved.get("split_classes"), split=saved.get("split", "test"),
+                      val_classes=saved.get("val_classes"), seed=saved.get("seed", 0))  # the run's training classes
 
 
 def sample_batch(preprocessing: Preprocessing, images: ImageSet, n: int) -> np.ndarray:

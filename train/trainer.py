@@ -31,7 +31,7 @@ from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.distill import TARGETS_FILE, distance_to_targets, distill_optimization, view_targets
 from metricsearch.train.device import amp_dtype, memory_format, resolve_device
 from metricsearch.train.distributed import (
-    DistContext, barrier, gather_batch, init_distributed, shutdown, wrap_model,
+    DistContext, average_gradients, barrier, gather_batch, init_distributed, shutdown, wrap_model,
 )
 from metricsearch.train.ema import WeightAverage
 from metricsearch.train.heap import keep_heap, kept_heap
@@ -50,6 +50,9 @@ PAUSE_AT_STEP = "METRICSEARCH_PAUSE_AT_STEP"
 #: resuming may change these keys of a run's config: how long it trains (its own epochs, then the distillation's)
 #: and how it logs and keeps freed memory
 RESUMABLE_CHANGES = ("epochs", "log_every", "keep_heap", "distill")
+#: top-level keys added since some runs were saved, with the value that reproduces those runs (before issue 88 no
+#: training classes validated); other added keys compare with their defaults
+SAVED_BEFORE = {"val_classes": 0.0}
 
 
 class TrainingError(MetricsearchError):
@@ -71,9 +74,11 @@ class RunResult:
 
     run_dir: Path
     epochs: int
-    best_recall_at_1: float | None  # None when no epoch was evaluated (a final fit holds nothing out)
-    last_metrics: dict[str, Any]
+    val_recall_at_1: float | None  # best.pt's Recall@1 on the validation classes; None without validation classes
+    last_metrics: dict[str, Any]  # the last epoch's row of metrics.jsonl
     is_main: bool = True  # False on the ranks other than 0 under torchrun, which write nothing
+    test: dict[str, Any] | None = None  # the final record: the test classes scored once, with best.pt
+    off_the_shelf: dict[str, Any] | None = None  # the pretrained backbone's record on the validation classes
 
 
 @dataclass
@@ -105,10 +110,12 @@ class Setup:
 
 @dataclass
 class RunState:
-    """What a run has done so far: one metrics row per finished epoch, and its best Recall@1."""
+    """What a run has done so far: one metrics row per finished epoch, its best validation Recall@1, and the
+    off-the-shelf features' record measured before its first epoch."""
 
     history: list[dict[str, Any]] = field(default_factory=list)
     best_recall_at_1: float = -1.0
+    off_the_shelf: dict[str, Any] | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -127,6 +134,8 @@ def train(
     `stop_after_epoch` pauses the run after that epoch (resume it later with `resume=True`).
     Under `torchrun --nproc_per_node=N` the N processes train one model on the global batch;
     only rank 0 evaluates and writes the run directory.
+    The epochs are evaluated on the validation classes (config `val_classes`), whose best Recall@1 keeps best.pt
+    (without them, best.pt is the last epoch); the test classes are scored once, after the last epoch, with best.pt.
     """
     settings = typed_config(config)
     with kept_heap(keep_heap(resolve_device(settings.device), settings.keep_heap)):
@@ -137,13 +146,20 @@ def _train(
     settings: TrainConfig, resume: bool, overwrite: bool, progress: bool, stop_after_epoch: int | None,
 ) -> RunResult:
     setup = build_setup(settings, progress)
-    main, board = setup.dist.is_main, None
+    main, board, test = setup.dist.is_main, None, None
     try:
         run_dir = _prepare_run_dir(settings, resume, overwrite, write=main)
         state = restore(setup, run_dir) if resume else RunState()
-        if main:
-            _write_metrics(run_dir, state.history)
         board = Board(run_dir) if main and settings.logging.tensorboard else None
+        if main and not state.history and setup.split.val is not None and settings.model.pretrained:
+            state.off_the_shelf = score_off_the_shelf(setup)
+            if board is not None:
+                board.row(state.off_the_shelf, "off_the_shelf/")
+            if progress:
+                print(f"off-the-shelf {settings.model.backbone}: R@1 {_recall_at_1(state.off_the_shelf):.3f} on "
+                      f"{state.off_the_shelf['classes']} validation classes, before the first epoch", flush=True)
+        if main:
+            _write_metrics(run_dir, state)
         epochs = settings.all_epochs
         for epoch in range(len(state.history), min(epochs, stop_after_epoch or epochs)):
             if epoch == settings.epochs:
@@ -154,26 +170,83 @@ def _train(
             if not main:
                 state.history.append(row)
                 continue
-            held_out = len(setup.split.test) > 0  # else a final fit: no evaluation, best.pt is the last epoch
-            evaluated = held_out and ((epoch + 1) % settings.eval.every == 0 or epoch + 1 == epochs)
-            if settings.model.whiten and (evaluated or epoch + 1 == epochs):
+            # never the test classes: without validation classes no epoch is evaluated, best.pt is the last
+            validated = setup.split.val is not None and ((epoch + 1) % settings.eval.every == 0 or epoch + 1 == epochs)
+            if settings.model.whiten and (validated or epoch + 1 == epochs):
                 fit_whitening(setup.model, original_images(setup.split.train))
-            if evaluated:
-                row.update(_evaluate(setup.model, setup.split, settings))
+            if validated:
+                row.update(_evaluate(setup.model, setup.split, settings, validation=True))
                 if board is not None:
-                    board.evaluation(epoch + 1, setup.model, setup.split.test, setup.loss, settings.seed)
+                    board.evaluation(epoch + 1, setup.model, setup.split.val, setup.loss, settings.seed)
             save_epoch(setup, state, row, run_dir)
             if board is not None:
                 board.row(row)
             if progress:
                 _report(row, epoch, epochs)
+        if main and len(state.history) == epochs and len(setup.split.test):
+            test = score_test(setup, state, run_dir)
+            if board is not None:
+                board.row(test, "test/")
+            if progress:
+                print("\n".join(closing_lines(settings, state, test)), flush=True)
         barrier(setup.dist)  # the other ranks wait for rank 0's last evaluation and checkpoint
     finally:
         if board is not None:
             board.close()
         shutdown(setup.dist)
     best = state.best_recall_at_1 if state.best_recall_at_1 >= 0 else None
-    return RunResult(run_dir, len(state.history), best, state.history[-1] if state.history else {}, main)
+    return RunResult(run_dir, len(state.history), best, state.history[-1] if state.history else {}, main, test,
+                     state.off_the_shelf)
+
+
+def score_off_the_shelf(setup: Setup) -> dict[str, Any]:
+    """The off-the-shelf record: the validation classes' scores of the run's backbone with its pretrained weights,
+    untrained and without a head (its pooled, L2-normalised features, as `metricsearch export --backbone` writes
+    them), at the run's preprocessing."""
+    model = setup.config.model
+    baseline = Embedder(model.backbone, dim=None, normalize=True, pretrained=model.pretrained,
+                        preprocessing=model.preprocessing, backbone_params=model.backbone_params).to(setup.device)
+    return {"epoch": 0, "model": "off-the-shelf", "backbone": model.backbone, "pretrained": model.pretrained,
+            **_evaluate(baseline, setup.split, setup.config, validation=True)}
+
+
+def score_test(setup: Setup, state: RunState, run_dir: Path) -> dict[str, Any]:
+    """The run's final record: the held-out test classes scored once, with best.pt's weights (loaded into the
+    setup's model where it is not the last epoch); metrics.jsonl ends with it."""
+    best = torch.load(run_dir / "best.pt", map_location="cpu", weights_only=False)
+    if best["epoch"] != len(state.history):
+        setup.model.load_state_dict(best["model"])
+    chosen = "validation Recall@1" if setup.split.val is not None else "last epoch"
+    test = {"epoch": best["epoch"], "checkpoint": "best.pt", "chosen_by": chosen,
+            **_evaluate(setup.model, setup.split, setup.config, validation=False)}
+    _write_metrics(run_dir, state, test)
+    return test
+
+
+def closing_lines(config: TrainConfig, state: RunState, test: dict[str, Any]) -> list[str]:
+    """What a run ends by saying: its test score and the checkpoint that made it; where the backbone was pretrained
+    and validated, the fine-tuned against the off-the-shelf Recall@1 on the validation classes, and whether that
+    helped."""
+    chosen = (f"epoch {test['epoch']}, the best validation Recall@1" if test["chosen_by"] != "last epoch"
+              else f"the last epoch, {test['epoch']}: no validation classes")
+    lines = [f"test: R@1 {_recall_at_1(test):.3f}  MAP@R {test['map_at_r']:.3f} on the {test['classes']} held-out "
+             f"test classes, scored once with best.pt ({chosen})"]
+    shelf = state.off_the_shelf
+    if shelf is not None:
+        tuned, base = state.best_recall_at_1, _recall_at_1(shelf)
+        lines.append(f"fine-tuned {tuned:.3f} vs off-the-shelf {base:.3f} Recall@1 on {shelf['classes']} validation "
+                     "classes")
+        if tuned <= base:
+            weights = "imagenet" if shelf["pretrained"] is True else shelf["pretrained"]
+            lines.append("fine-tuning did not help: export the off-the-shelf features instead with `metricsearch "
+                         f"export --backbone {config.model.backbone} --pretrained {weights} --out off-the-shelf.onnx`")
+    return lines
+
+
+def _recall_at_1(record: dict[str, Any]) -> float:
+    """The Recall@1 of an evaluation record (its keys are numbers, or text once read back from JSON)."""
+    recall = record["recall_at_k"]
+    return float(recall[1] if 1 in recall else recall["1"])
 
 
 def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
@@ -181,14 +254,14 @@ def build_setup(config: TrainConfig, progress: bool = False) -> Setup:
     dist, device = init_distributed(resolve_device(config.device))
     autocast = amp_dtype(device, config.amp)
     split = load_split(config.dataset, download=config.download, split_classes=config.split_classes,
-                       split=config.split)
+                       split=config.split, val_classes=config.val_classes, seed=config.seed)
     split = replace(split, train=with_transformed_classes(split.train, config.augment_classes))
     if progress and dist.is_main:
         for note in split.notes:
             print(f"data: {note}", flush=True)
     seed_everything(config.seed)
     model = build_embedder(config.model.model_dump(mode="json"), pretrained=config.model.pretrained)
-    loss, sampler, miner, weighting = build_components(config, split.train, dist)
+    loss, sampler, miner, weighting = build_components(config, split.train, dist, model.part_dim)
     memory = build_memory(config, loss, sampler, miner, weighting, model.part_dim)
     model.to(device)
     loss.to(device)
@@ -249,10 +322,11 @@ def build_memory(config: TrainConfig, loss: MetricLoss, sampler: LabelBatchSampl
 
 
 def build_components(
-    config: TrainConfig, images: ImageSet, dist: DistContext = DistContext(),
+    config: TrainConfig, images: ImageSet, dist: DistContext = DistContext(), embedding_dim: int | None = None,
 ) -> tuple[MetricLoss, LabelBatchSampler, Callable[..., Mined] | None, Weighting | None]:
-    """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit."""
-    context = TrainContext.of(images)
+    """The loss, batch sampler (this rank's share), miner and weighting a config names for `images`, checked to fit;
+    `embedding_dim`, the model's training embedding's (`part_dim`), sizes a proxy loss's proxies."""
+    context = TrainContext.of(images, embedding_dim=embedding_dim)
     loss_name, loss_params = config.component("loss")
     loss = losses.build(loss_name, context, **loss_params)
     sampler_name, sampler_params = config.component("sampler")
@@ -349,6 +423,7 @@ def train_step(setup: Setup, images: Tensor, labels: Tensor, indices: Tensor) ->
         loss = loss + setup.config.distill.weight * distance_to_targets(emb, setup.targets[indices])
     setup.optimizer.zero_grad(set_to_none=True)
     setup.scaler.scale(loss).backward()
+    average_gradients(setup.loss, setup.dist)  # the loss's own parameters (proxies, betas): one copy per rank
     setup.scaler.step(setup.optimizer)
     setup.scaler.update()
     setup.scheduler.step()
@@ -370,17 +445,18 @@ def finite_mean(total: Tensor, steps: int, checked: int, epoch: int, run_dir: Pa
 
 
 def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path) -> None:
-    """Record a finished epoch: metrics.jsonl, training.png, last.pt and, when Recall@1 improved, best.pt."""
+    """Record a finished epoch: metrics.jsonl, training.png, last.pt and best.pt: where the epoch beat the earlier
+    ones on the validation classes (`_selection_score`), or every epoch without validation classes."""
     state.history.append(row)
-    _write_metrics(run_dir, state.history)  # rewritten from the checkpoint's history on --resume
+    _write_metrics(run_dir, state)  # rewritten from the checkpoint's history on --resume
     config = setup.config
     plot_training(state.history, run_dir / "training.png",
                   title=f"{config.name}: {config.component('loss')[0]} on {config.dataset}")
-    r1 = row.get("recall_at_k", {}).get(1)
-    final_fit = len(setup.split.test) == 0  # nothing held out: the last epoch is the best
-    improved = final_fit or r1 is not None and r1 > state.best_recall_at_1
-    if improved and r1 is not None:
-        state.best_recall_at_1 = r1
+    score = _selection_score(row)
+    earlier = [e for e in map(_selection_score, state.history[:-1]) if e is not None]
+    improved = setup.split.val is None or score is not None and all(score > e for e in earlier)  # else: the last
+    if improved and score is not None:
+        state.best_recall_at_1 = score[0]
     checkpoint = {
         **setup.model.checkpoint(), "loss": setup.loss.state_dict(), "optimizer": setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
@@ -388,12 +464,21 @@ def save_epoch(setup: Setup, state: RunState, row: dict[str, Any], run_dir: Path
         **({"ema": setup.average.state_dict()} if setup.average is not None else {}),
         **({"distill_after": config.epochs} if setup.targets is not None else {}),  # the run's own epochs
         "epoch": len(state.history), "history": state.history, "best_recall_at_1": state.best_recall_at_1,
+        "off_the_shelf": state.off_the_shelf,
         "config": config.model_dump(mode="json"), "class_names": setup.split.test.class_names,
         "data_notes": setup.split.notes,
     }
     if improved:
         _save(checkpoint, run_dir / "best.pt")
     _save(checkpoint, run_dir / "last.pt")
+
+
+def _selection_score(row: dict[str, Any]) -> tuple[float, float] | None:
+    """What best.pt maximises, of an epoch evaluated on the validation classes: its Recall@1, then (between equals,
+    as when a few classes saturate Recall@1) its MAP@R; None for an epoch not evaluated."""
+    if "recall_at_k" not in row:
+        return None
+    return _recall_at_1(row), float(row["map_at_r"])
 
 
 def restore(setup: Setup, run_dir: Path) -> RunState:
@@ -419,17 +504,24 @@ def restore(setup: Setup, run_dir: Path) -> RunState:
         setup.memory.load_state_dict(state["memory"])
     if setup.average is not None:
         setup.average.load_state_dict(state["ema"])
-    return RunState(state["history"], state["best_recall_at_1"])
+    return RunState(state["history"], state["best_recall_at_1"], state.get("off_the_shelf"))
 
 
-def _evaluate(model: Embedder, split: DataSplit, config: TrainConfig) -> dict[str, Any]:
-    """Recall@K, NMI and MAP@R of `model` on the split's test classes (query vs gallery where given)."""
+def _evaluate(model: Embedder, split: DataSplit, config: TrainConfig, validation: bool) -> dict[str, Any]:
+    """Recall@K, NMI and MAP@R of `model` on the split's validation classes (every image against the others), or on
+    its test classes (query vs gallery where given, and the one-shot episodes of `eval.one_shot_ways`), with the
+    part's name and number of classes."""
     ev = config.eval
 
     def embed(images: ImageSet) -> np.ndarray:
         return model.embed_set(images, batch_size=ev.batch_size)
 
-    return evaluate_split(embed, split, ev.recall_k, ev.nmi, ev.one_shot_ways)
+    if validation:
+        part = replace(split, test=split.val, query=None, gallery=None)
+        return {"split": "val", "classes": len(split.val.class_names),
+                **evaluate_split(embed, part, ev.recall_k, ev.nmi)}
+    return {"split": "test", "classes": len(split.test.class_names),
+            **evaluate_split(embed, split, ev.recall_k, ev.nmi, ev.one_shot_ways)}
 
 
 def _save(obj: Any, path: Path) -> None:
@@ -445,9 +537,9 @@ def _prepare_run_dir(settings: TrainConfig, resume: bool, overwrite: bool, write
     if resume:
         if not last.is_file():
             raise FileNotFoundError(f"--resume: {last} does not exist; start the run without --resume")
-        # top-level keys added to the schema since the run was saved compare with their defaults
+        # top-level keys added to the schema since the run was saved compare with their defaults (SAVED_BEFORE)
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        saved = typed_config({**DEFAULTS, **saved}).model_dump(mode="json")
+        saved = typed_config({**DEFAULTS, **SAVED_BEFORE, **saved}).model_dump(mode="json")
         differ = sorted(k for k in set(saved) | set(config)
                         if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k))
         if differ:
@@ -463,9 +555,11 @@ def _prepare_run_dir(settings: TrainConfig, resume: bool, overwrite: bool, write
     return run_dir
 
 
-def _write_metrics(run_dir: Path, history: list[dict[str, Any]]) -> None:
+def _write_metrics(run_dir: Path, state: RunState, test: dict[str, Any] | None = None) -> None:
+    """metrics.jsonl: the off-the-shelf record (epoch 0) where there is one, a row per epoch, the test record last."""
+    rows = [*([state.off_the_shelf] if state.off_the_shelf else []), *state.history, *([test] if test else [])]
     with open(run_dir / "metrics.jsonl", "w") as f:
-        for row in history:
+        for row in rows:
             f.write(json.dumps(row) + "\n")
 
 
@@ -481,5 +575,5 @@ def _report(row: dict[str, Any], epoch: int, epochs: int) -> None:
     if "recall_at_k" in row:
         recalls = "  ".join(f"R@{k} {v:.3f}" for k, v in row["recall_at_k"].items())
         nmi = f"  NMI {row['nmi']:.3f}" if row.get("nmi") is not None else ""
-        text += f"  |  {recalls}{nmi}  MAP@R {row['map_at_r']:.3f}"
+        text += f"  |  validation {recalls}{nmi}  MAP@R {row['map_at_r']:.3f}"
     print(text, flush=True)

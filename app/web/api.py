@@ -17,15 +17,18 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-from typing import Any
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, BinaryIO
 
 import anyio
 import gradio as gr
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from metricsearch.app.web.handlers import ALL_LABELS, SearchHandlers
 
@@ -33,6 +36,8 @@ from metricsearch.app.web.handlers import ALL_LABELS, SearchHandlers
 MAX_BATCH_IMAGES = 16
 #: room in a request's body for the form's other fields and multipart headers, in bytes
 FORM_OVERHEAD = 64 * 1024
+#: ids are 8-byte unsigned LMDB keys below this (the largest an int64 faiss id holds); others name no item
+ID_LIMIT = 2**63
 
 _FORM = {"type": "object", "properties": {
     "k": {"type": "integer", "default": 10, "description": "neighbours to return"},
@@ -47,15 +52,17 @@ def _form_schema(field: str, many: bool) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
-def mount_api(app: FastAPI, handlers: SearchHandlers, *, max_upload_bytes: int, concurrency: int = 4,
-              max_images: int = MAX_BATCH_IMAGES) -> None:
-    """Add the /api/ routes to the page's running app (`app.auth`: Gradio's users, or None for an open page).
+def api_routes(handlers: SearchHandlers, *, max_upload_bytes: int, concurrency: int = 4,
+               max_images: int = MAX_BATCH_IMAGES) -> list[BaseRoute]:
+    """The /api/ routes, for the page's app to hold from its first request (`request.app.auth`: Gradio's users,
+    or None for an open page); each checks the login before it reads its arguments.
 
     At most `concurrency` requests decode and search at once; bodies over what `max_images` files of
     `max_upload_bytes` each need are refused before they are read."""
     limiter = anyio.CapacityLimiter(concurrency)
 
     def authorised(request: Request) -> None:
+        app = request.app
         users = getattr(app, "auth", None)
         if users is None:
             return
@@ -74,8 +81,11 @@ def mount_api(app: FastAPI, handlers: SearchHandlers, *, max_upload_bytes: int, 
         raise HTTPException(401, "Log in: send HTTP Basic credentials (curl -u USER:PASS) or the page's login "
                                  "cookie.", headers={"WWW-Authenticate": 'Basic realm="metricsearch"'})
 
-    async def files_of(request: Request, field: str, most: int) -> tuple[list[tuple[str, bytes]], Any, Any]:
-        """(name, bytes) of the form's files in `field`, and its k and label; HTTPException saying what is wrong."""
+    @asynccontextmanager
+    async def files_of(request: Request, field: str, most: int
+                       ) -> AsyncIterator[tuple[list[tuple[str, BinaryIO]], Any, Any]]:
+        """(name, file) of the form's files in `field` (spooled, open for the block), and its k and label;
+        HTTPException saying what is wrong."""
         length = request.headers.get("content-length")
         if length is None or not length.isdigit():
             raise HTTPException(411, "Send the request's Content-Length (a multipart form with the image).")
@@ -91,25 +101,22 @@ def mount_api(app: FastAPI, handlers: SearchHandlers, *, max_upload_bytes: int, 
             files = [f for f in form.getlist(field) if isinstance(f, UploadFile)]
             if not files:
                 raise HTTPException(400, f"No image to search: send the image file as the form field {field!r}.")
-            out = []
             for file in files:
-                name = file.filename or "upload"
-                data = await file.read(max_upload_bytes + 1)
-                if len(data) > max_upload_bytes:
-                    raise HTTPException(413, f"Cannot search with this file. {name} is over the upload limit of "
-                                             f"{max_upload_bytes / 2**20:g} MB.")
-                out.append((name, data))
-            return out, form.get("k", 10), form.get("label", ALL_LABELS)
+                if file.size > max_upload_bytes:  # counted by starlette as it spooled the file
+                    raise HTTPException(413, f"Cannot search with this file. {file.filename or 'upload'} is over "
+                                             f"the upload limit of {max_upload_bytes / 2**20:g} MB.")
+            yield [(f.filename or "upload", f.file) for f in files], form.get("k", 10), form.get("label", ALL_LABELS)
         finally:
             await form.close()  # its spooled files
 
-    def search(images: list[tuple[str, bytes]], k: Any, label: Any) -> list[dict[str, Any]]:
-        """One {name, hits} or {name, error} per image: a refused image never fails the others."""
+    def search(images: list[tuple[str, BinaryIO]], k: Any, label: Any) -> list[dict[str, Any]]:
+        """One {name, hits} or {name, error} per image: a refused image never fails the others. The files are
+        read one at a time, each kept only as its query (resized to the model's input)."""
         answers: list[dict[str, Any]] = []
         queries = []
-        for name, data in images:
+        for name, file in images:
             try:
-                queries.append(handlers.query(data, k, label, name))
+                queries.append(handlers.query(file.read(), k, label, name))
                 answers.append({"name": name})
             except gr.Error as exc:
                 answers.append({"name": name, "error": exc.message})
@@ -123,14 +130,19 @@ def mount_api(app: FastAPI, handlers: SearchHandlers, *, max_upload_bytes: int, 
         root = request.scope.get("root_path", "")
         return [{**hit, "thumbnail": f"{root}/api/items/{hit['id']}/thumbnail"} for hit in hits]
 
-    router = APIRouter(prefix="/api", tags=["metricsearch"])
+    def stored(item_id: int) -> int:
+        """`item_id` if it can name an item at all; else 404 as for any id that is not in the gallery."""
+        if not 0 <= item_id < ID_LIMIT:
+            raise HTTPException(404, f"No item {item_id} in this gallery.")
+        return item_id
+
+    router = APIRouter(prefix="/api", tags=["metricsearch"], dependencies=[Depends(authorised)])
 
     @router.post("/search", openapi_extra=_form_schema("image", many=False))
     async def search_one(request: Request) -> dict[str, Any]:
         """The k nearest gallery items of one image, nearest first: id, cosine score, label, thumbnail URL."""
-        authorised(request)
-        images, k, label = await files_of(request, "image", 1)
-        answer = (await anyio.to_thread.run_sync(search, images[:1], k, label, limiter=limiter))[0]
+        async with files_of(request, "image", 1) as (images, k, label):
+            answer = (await anyio.to_thread.run_sync(search, images[:1], k, label, limiter=limiter))[0]
         if "error" in answer:
             raise HTTPException(400, answer["error"])
         return {"hits": with_urls(request, answer["hits"])}
@@ -139,17 +151,15 @@ def mount_api(app: FastAPI, handlers: SearchHandlers, *, max_upload_bytes: int, 
     async def search_batch(request: Request) -> dict[str, Any]:
         """The k nearest items of each of several images (form field `images`, repeated), in order; an image
         that cannot be searched gets an `error` (the page's one-line refusal) instead of `hits`."""
-        authorised(request)
-        images, k, label = await files_of(request, "images", max_images)
-        answers = await anyio.to_thread.run_sync(search, images, k, label, limiter=limiter)
+        async with files_of(request, "images", max_images) as (images, k, label):
+            answers = await anyio.to_thread.run_sync(search, images, k, label, limiter=limiter)
         return {"results": [{**a, "hits": with_urls(request, a["hits"])} if "hits" in a else a for a in answers]}
 
     @router.get("/items/{item_id}")
     def item(item_id: int, request: Request) -> dict[str, Any]:
         """An item's id, label and thumbnail URL (never its source path)."""
-        authorised(request)
         try:
-            label = handlers.gallery.item(item_id)["label"]
+            label = handlers.gallery.item(stored(item_id))["label"]
         except KeyError:
             raise HTTPException(404, f"No item {item_id} in this gallery.") from None
         return with_urls(request, [{"id": item_id, "label": label}])[0]
@@ -157,25 +167,22 @@ def mount_api(app: FastAPI, handlers: SearchHandlers, *, max_upload_bytes: int, 
     @router.get("/items/{item_id}/thumbnail", response_class=FileResponse)
     def thumbnail(item_id: int, request: Request) -> FileResponse:
         """An item's stored thumbnail (JPEG or PNG; a grey square when the gallery keeps none)."""
-        authorised(request)
         try:
-            return FileResponse(handlers.thumbnail(item_id))
+            return FileResponse(handlers.thumbnail(stored(item_id)))
         except KeyError:
             raise HTTPException(404, f"No item {item_id} in this gallery.") from None
 
     @router.get("/info")
-    def info(request: Request) -> dict[str, Any]:
+    def info() -> dict[str, Any]:
         """The gallery (model file name, dimension, items, labels, index) and the limits of a query."""
-        authorised(request)
         return {**handlers.public_info(), "label_names": handlers.labels, "max_k": handlers.max_k,
                 "max_pixels": handlers.max_pixels, "min_side": handlers.min_side,
                 "max_upload_bytes": max_upload_bytes, "max_batch_images": max_images}
 
     @router.get("/openapi.json", include_in_schema=False)
-    def openapi(request: Request) -> dict[str, Any]:
-        authorised(request)
+    def openapi() -> dict[str, Any]:
         return schema
 
     schema = get_openapi(title="metricsearch JSON API", version="1", routes=router.routes,
                          description=__doc__.split("\n\n")[0])
-    app.include_router(router)
+    return router.routes

@@ -2,10 +2,11 @@
 
 Each handler takes what a Gradio component sends (an upload, the image editor's value, a number,
 a label) and returns what the output components show. A query file is read only if it is a regular
-file in the page's upload folder; it is decoded by `metricsearch.data.load_image` and checked against
-the gallery's limits (pixels, smallest side) before it joins a shared inference call. Thumbnails are
-the bytes in the gallery's LMDB, written once each into the upload folder: no image's source path is
-ever served.
+file in the page's upload folder; it is decoded as the indexer decodes gallery images, checked against
+the gallery's limits (pixels, smallest side) and resized to the model's input at once, so that only
+that small image waits for a shared inference call; large images are decoded a few at a time across
+requests. Thumbnails are the bytes in the gallery's LMDB, written once each into the upload folder: no
+image's source path is ever served.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,12 +30,18 @@ from PIL import Image
 
 from metricsearch.app.web.batching import Coalescer
 from metricsearch.app.web.uploads import uploaded_file
-from metricsearch.data import UnreadableImageError, load_image
+from metricsearch.data import UnreadableImageError, pixel_count
+from metricsearch.evaluation.metrics import normalized
 from metricsearch.evaluation.report import class_table, rank, worst_queries
-from metricsearch.index import Gallery, labelled_items
+from metricsearch.index import Gallery, ReadSettings, labelled_items
+from metricsearch.index.pipeline import decode as read_image
 
 #: the largest query accepted, in pixels (a 25-megapixel photo; larger uploads are refused)
 DEFAULT_QUERY_MAX_PIXELS = 25_000_000
+#: a query over this many pixels is large: its full-size decode waits while FULL_SIZE_DECODES others run
+LARGE_QUERY_PIXELS = 4_000_000
+#: large queries decoded at once, across all requests (each is resized to the model's input before the next)
+FULL_SIZE_DECODES = 2
 #: the one answer to a query file that was not uploaded to this page, whatever is at its path
 NOT_UPLOADED = "Cannot search with this file: only an image uploaded to this page can be searched."
 #: the label filter's value meaning "every label"
@@ -59,7 +67,7 @@ def _placeholder() -> bytes:
 
 @dataclass(frozen=True)
 class Query:
-    """One decoded query: its image, how many neighbours, and an optional label to keep."""
+    """One decoded query: its image resized to the model's input, how many neighbours, and an optional label to keep."""
 
     image: Image.Image
     k: int
@@ -93,6 +101,10 @@ class SearchHandlers:
         self.max_k = max_k
         self.labels = [str(label) for label in gallery.labels()]
         self._search = Coalescer(self._search_batch, max_batch)
+        #: how queries are read: the indexer's decoding (a JPEG at a reduced scale) within the page's limits
+        self._read = ReadSettings(**{**settings, "mode": None, "max_pixels": self.max_pixels,
+                                     "min_side": self.min_side})
+        self._full_size = threading.BoundedSemaphore(FULL_SIZE_DECODES)
         #: the only folder query files are read from (default: Gradio's upload folder, which `serve` makes its own)
         self.uploads = Path(uploads or get_upload_folder())
         self.uploads.mkdir(parents=True, exist_ok=True)  # Gradio makes it on the first upload; a fresh machine has none
@@ -108,7 +120,9 @@ class SearchHandlers:
 
     def _search_batch(self, queries: list[Query]) -> list[list[Any]]:
         """Hits of several queries: one embedding call for all, one index search per label filter."""
-        vectors = np.asarray(self.gallery.embed([q.image for q in queries]), dtype=np.float32)
+        embedder = self.gallery.embedder
+        pixels = embedder.preprocessing.normalized_batch(np.stack([np.asarray(q.image) for q in queries]))
+        vectors = normalized(embedder.embed_arrays(pixels))
         by_label: dict[str | None, list[int]] = defaultdict(list)
         for i, q in enumerate(queries):
             by_label[q.label].append(i)
@@ -133,11 +147,13 @@ class SearchHandlers:
 
     def decode(self, value: Any, name: str = "query image") -> Image.Image:
         """The query image a component sent (path, FileData, editor value, PIL image, or the bytes of a
-        file named `name` sent to the JSON API), or gr.Error saying why not.
+        file named `name` sent to the JSON API), resized to the model's input, or gr.Error saying why not.
 
         A path is read only if it is a regular file in the upload folder (`NOT_UPLOADED` otherwise,
         before anything is opened); the image must fit the gallery's limits, so that it cannot fail
-        the inference call that it shares with other queries."""
+        the inference call that it shares with other queries. It is decoded as the indexer decodes
+        gallery images and resized at once (the same pixels as `Gallery.embed` would embed); one over
+        LARGE_QUERY_PIXELS waits while FULL_SIZE_DECODES others are decoded, whatever request they belong to."""
         path, name = (None, name) if isinstance(value, (Image.Image, bytes)) else _file_of(value)
         if path:
             value = uploaded_file(path, self.uploads)
@@ -146,8 +162,10 @@ class SearchHandlers:
         elif not isinstance(value, (Image.Image, bytes)):
             raise gr.Error("No image to search: upload, paste or take a webcam shot (a file that the query box "
                            "cannot show is not an image it can read).", print_exception=False)
+        preprocessing = self.gallery.embedder.preprocessing
         try:
-            return load_image(value, max_pixels=self.max_pixels, min_side=self.min_side, name=name)
+            with self._full_size if pixel_count(value) > LARGE_QUERY_PIXELS else nullcontext():
+                return preprocessing.resized(read_image(value, self._read, preprocessing, name))
         except UnreadableImageError as exc:
             raise gr.Error(f"Cannot search with this file. {exc}", print_exception=False) from None
 

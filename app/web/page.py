@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import socket
+import stat
 import threading
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
@@ -22,11 +23,11 @@ from PIL import Image
 
 from fastapi.middleware import Middleware
 
-from metricsearch.app.web.api import mount_api
+from metricsearch.app.web.api import api_routes
 from metricsearch.app.web.handlers import (
     ALL_LABELS, CLASS_COLUMNS, DEFAULT_QUERY_MAX_PIXELS, EVALUATE_ITEMS, SearchHandlers)
-from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, LoginThrottle
-from metricsearch.app.web.uploads import close_upload_folder, open_upload_folder
+from metricsearch.app.web.throttle import LOGIN_FAILURES, LOGIN_PAUSE, MAX_PAUSE, LoginThrottle
+from metricsearch.app.web.uploads import UploadPaths, close_upload_folder, open_upload_folder
 
 #: system fonts only: the page makes no request to any other site
 THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
@@ -40,9 +41,10 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
 
     Events: the Search button and an upload search; a click on a result searches with it; the
     named API endpoint `/search` takes one image (and optional k and label) and returns the
-    thumbnails and the hits as JSON. All share one concurrency limit.
+    thumbnails and the hits as JSON. All share one concurrency limit. What the page says of the gallery
+    (labels, about panel, Evaluate tab) comes with its load event, which needs the login: the page's
+    layout and API schema, which Gradio serves to anyone, hold nothing of it.
     """
-    labels = [("all labels", ALL_LABELS)] + [(label, label) for label in handlers.labels]
     # analytics off: offline and private, no calls home (and no version check)
     with gr.Blocks(title="metricsearch", delete_cache=(3600, 3600), analytics_enabled=False) as page:
         gr.Markdown("## metricsearch: visual search\nGive an image; crop it to search for a part. "
@@ -55,7 +57,8 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
                         type="filepath", image_mode="RGB", format="png", transforms=("crop",), brush=False,
                         eraser=False, layers=False, height=360, elem_id="query")
                     k = gr.Slider(1, handlers.max_k, value=min(default_k, handlers.max_k), step=1, label="k")
-                    label = gr.Dropdown(labels, value=ALL_LABELS, label="label filter", elem_id="label")
+                    label = gr.Dropdown([("all labels", ALL_LABELS)], value=ALL_LABELS, label="label filter",
+                                        elem_id="label")
                     button = gr.Button("Search", variant="primary", elem_id="search")
                     if examples:
                         gr.Examples([[image] for image in examples], inputs=[query], label="example queries")
@@ -63,20 +66,22 @@ def build_page(handlers: SearchHandlers, *, concurrency: int = 4, default_k: int
                     results = gr.Gallery(label="most similar", columns=4, height="auto", object_fit="contain",
                                          allow_preview=False, elem_id="results")
                     with gr.Accordion("About this gallery", open=False):
-                        gr.Markdown(handlers.about(), elem_id="about")
+                        about = gr.Markdown(elem_id="about")
                     with gr.Accordion("hits as JSON", open=False):
                         hits = gr.JSON(label="hits", elem_id="hits")
-        if len(handlers.labels) >= 2:  # a labelled gallery: where its own model fails
-            with gr.Tab("Evaluate"):
-                gr.Markdown(f"Each labelled item (at most {EVALUATE_ITEMS:,}) queries all the others: the queries "
-                            "whose first correct hit ranks lowest (wrong labels framed red, the first correct green), "
-                            "and Recall@1 and MAP@R per class, worst first.")
-                evaluate = gr.Button("Evaluate this gallery", elem_id="evaluate")
-                worst = gr.Image(label="worst queries", type="pil", interactive=False, elem_id="worst")
-                classes = gr.Dataframe(headers=list(CLASS_COLUMNS), label="classes, worst first",
-                                       interactive=False, elem_id="classes")
-            evaluate.click(handlers.evaluation, outputs=[worst, classes], concurrency_limit=1,
-                           api_name="evaluate", api_visibility="private")
+        with gr.Tab("Evaluate", visible=False) as evaluate_tab:  # a labelled gallery: where its own model fails
+            gr.Markdown(f"Each labelled item (at most {EVALUATE_ITEMS:,}) queries all the others: the queries "
+                        "whose first correct hit ranks lowest (wrong labels framed red, the first correct green), "
+                        "and Recall@1 and MAP@R per class, worst first.")
+            evaluate = gr.Button("Evaluate this gallery", elem_id="evaluate")
+            worst = gr.Image(label="worst queries", type="pil", interactive=False, elem_id="worst")
+            classes = gr.Dataframe(headers=list(CLASS_COLUMNS), label="classes, worst first",
+                                   interactive=False, elem_id="classes")
+        evaluate.click(handlers.evaluation, outputs=[worst, classes], concurrency_limit=1,
+                       api_name="evaluate", api_visibility="private")
+        page.load(lambda: (gr.Dropdown(choices=[("all labels", ALL_LABELS)] + [(x, x) for x in handlers.labels]),
+                           handlers.about(), gr.Tab(visible=len(handlers.labels) >= 2)),
+                  outputs=[label, about, evaluate_tab], api_name="gallery", api_visibility="private")
         api_image = gr.Image(type="filepath", image_mode=None, visible=False)
         api_trigger = gr.Button(visible=False)
 
@@ -96,7 +101,7 @@ def parse_auth(auth: str | None = None, auth_file: str | Path | None = None) -> 
     """The (user, password) pairs of `USER:PASS` and/or a file of such lines (# comments), or None for no auth."""
     entries = [("--auth", auth)] if auth else []
     if auth_file:
-        lines = Path(auth_file).read_text(encoding="utf-8").splitlines()
+        lines = _small_text_file(auth_file, "--auth-file").splitlines()
         entries += [(f"{auth_file}:{n}", line.strip()) for n, line in enumerate(lines, 1)
                     if line.strip() and not line.lstrip().startswith("#")]
         if not entries:
@@ -108,6 +113,28 @@ def parse_auth(auth: str | None = None, auth_file: str | Path | None = None) -> 
             raise ValueError(f"{where}: expected USER:PASS with neither part empty")
         pairs.append((user.strip(), password))
     return pairs or None
+
+
+#: the largest --auth-file read, in bytes
+MAX_AUTH_FILE = 1 << 20
+
+
+def _small_text_file(path: str | Path, option: str) -> str:
+    """The text of a regular file of at most MAX_AUTH_FILE bytes; ValueError naming `option` for anything else
+    (a FIFO or a device would block or never end: nothing is opened until the path is known to be a file)."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{option} {path} is not a regular file: pass a text file of USER:PASS lines")
+    if info.st_size > MAX_AUTH_FILE:
+        raise ValueError(f"{option} {path} is {info.st_size} bytes, over {MAX_AUTH_FILE}: pass a file of "
+                         "USER:PASS lines")
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{option} {path} is not UTF-8 text: pass a text file of USER:PASS lines") from None
 
 
 @dataclass
@@ -150,6 +177,11 @@ def _check_address(host: str, port: int) -> None:
                           "this machine as --host") from None
 
 
+#: the largest values `serve` accepts: an upload of 1 GB, 64 searches at once, 100-megapixel queries (about 700 MB
+#: each while an RGBA one decodes)
+MAX_UPLOAD_MB, MAX_CONCURRENCY, MAX_MEGAPIXELS = 1024, 64, 100
+
+
 def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: list[tuple[str, str]] | None = None,
           max_upload_mb: float = 10, concurrency: int = 4, max_pixels: float = DEFAULT_QUERY_MAX_PIXELS,
           examples: Sequence[Image.Image] = (), block: bool = True, log: Callable[[str], None] = print,
@@ -166,11 +198,13 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     listen on, or a gallery whose model does not load: ValueError or OSError before anything starts.
     With `block=False` it returns the running Server at once.
     """
-    for name, value, least in (("--max-upload-mb", max_upload_mb, 1e-6), ("--concurrency", concurrency, 1),
-                               ("--max-megapixels", max_pixels / 1e6, 1e-6), ("login failures", login_failures, 1),
-                               ("login pause", login_pause, 1e-3)):
-        if not (math.isfinite(value) and value >= least):
-            raise ValueError(f"{name} must be a positive number, got {value:g}")
+    for name, value, least, most in (
+            ("--max-upload-mb", max_upload_mb, 1e-6, MAX_UPLOAD_MB), ("--concurrency", concurrency, 1, MAX_CONCURRENCY),
+            ("--max-megapixels", max_pixels / 1e6, 1e-6, MAX_MEGAPIXELS), ("login failures", login_failures, 1, 1e6),
+            ("login pause", login_pause, 1e-3, MAX_PAUSE)):
+        if not (math.isfinite(value) and least <= value <= most):
+            shown = value if isinstance(value, int) else format(value, "g")
+            raise ValueError(f"{name} must be a positive number of at most {most:g}, got {shown}")
     _check_address(host, port)
     from metricsearch.index import Gallery, search_threads
 
@@ -190,14 +224,17 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
         handlers = SearchHandlers(gallery, max_pixels=int(max_pixels), uploads=uploads)
         page = build_page(handlers, concurrency=concurrency, examples=examples)
         page.queue(max_size=64 * concurrency)
+        max_upload_bytes = int(max_upload_mb * 1024 * 1024)
+        # the JSON API is part of the app from its first request; FastAPI's root /openapi.json is not (it would
+        # answer without a login: Gradio guards only its own routes; /api/openapi.json is behind `--auth`)
         _, url, _ = page.launch(
-            server_name=host, server_port=port, auth=auth, max_file_size=int(max_upload_mb * 1024 * 1024),
+            server_name=host, server_port=port, auth=auth, max_file_size=max_upload_bytes,
             prevent_thread_lock=True, quiet=True, show_error=False, ssr_mode=False, footer_links=["api"],
-            theme=THEME, css=CSS, app_kwargs={"middleware": [
-                Middleware(LoginThrottle, failures=login_failures, pause=login_pause)]})
-        _drop_root_schema(page.server_app)
-        mount_api(page.server_app, handlers, max_upload_bytes=int(max_upload_mb * 1024 * 1024),
-                  concurrency=concurrency)
+            theme=THEME, css=CSS, app_kwargs={
+                "middleware": [Middleware(LoginThrottle, failures=login_failures, pause=login_pause),
+                               Middleware(UploadPaths, folder=uploads)],
+                "routes": api_routes(handlers, max_upload_bytes=max_upload_bytes, concurrency=concurrency),
+                "openapi_url": None})
     except BaseException as exc:
         if handlers is not None:
             handlers.close()
@@ -220,13 +257,6 @@ def serve(db: str | Path, host: str = "127.0.0.1", port: int = 7860, *, auth: li
     finally:
         server.close()
     return server
-
-
-def _drop_root_schema(app: Any) -> None:
-    """Remove the root /openapi.json that FastAPI gives Gradio's app: it answers without a login (Gradio
-    guards only its own routes); /api/openapi.json describes the JSON API behind `--auth`."""
-    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url]
-    app.openapi_url = None
 
 
 #: glibc's mallopt option M_MMAP_THRESHOLD, and its default value

@@ -1,7 +1,9 @@
 """Login throttling: after a few failed logins from one client address, its next attempts wait out a growing pause.
 
 A login is a POST to the page's login route, or a JSON API request (under /api/) that carries an
-Authorization header: both count against the same address."""
+Authorization header: both count against the same address. Only a failed login (401, or the page's
+400/401/403) counts, and only a successful one (2xx) clears the count: an answer that says nothing
+about the credentials (a 404 for an unknown route, a 422 for a bad id) leaves the count as it was."""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ MAX_PAUSE = 300.0
 
 class LoginThrottle:
     """ASGI middleware: a login (POST to a login route, or an /api/ request with credentials) from an address
-    with `failures` failed logins in a row is answered 429 until `pause` * 2**(extra failures) seconds have passed
-    since its last failure; a successful login clears the address's count."""
+    with `failures` failed logins since its last success is answered 429 until `pause` * 2**(extra failures)
+    seconds have passed since its last failure; only a successful login clears the address's count."""
 
     def __init__(self, app: Callable, failures: int = LOGIN_FAILURES, pause: float = LOGIN_PAUSE) -> None:
         self.app, self.failures, self.pause = app, failures, pause
@@ -47,8 +49,8 @@ class LoginThrottle:
         api = path.startswith("/api/") and any(name == b"authorization" for name, _ in scope.get("headers", ()))
         if scope["type"] != "http" or not (api or (scope.get("method") == "POST" and path.endswith("/login"))):
             return await self.app(scope, receive, send)
-        # a page login fails with 400/401/403; an API request fails with 401 and succeeds with anything else
-        outcomes = {401: False} if api else {200: True, 400: False, 401: False, 403: False}
+        # a page login fails with 400/401/403; an API request fails with 401; either succeeds with a 2xx
+        failed = (401,) if api else (400, 401, 403)
         address = (scope.get("client") or ("?", 0))[0]
         wait = self.wait(address)
         if wait > 0:
@@ -59,9 +61,9 @@ class LoginThrottle:
 
         async def record(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                ok = outcomes.get(message["status"], True if api else None)
-                if ok is not None:
-                    self._record(address, ok)
+                status = message["status"]
+                if status in failed or 200 <= status < 300:
+                    self._record(address, status not in failed)
             await send(message)
 
         await self.app(scope, receive, record)

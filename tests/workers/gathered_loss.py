@@ -1,4 +1,5 @@
-"""Run by torchrun in tests/test_distributed.py: each rank's loss and gradients on a gathered global batch."""
+"""Run by torchrun in tests/test_distributed.py: each rank's loss and gradients on a gathered global batch, the
+loss's own parameters' gradients averaged over the ranks as the trainer does."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from pathlib import Path
 import torch
 
 from metricsearch.train import losses, sampling
-from metricsearch.train.distributed import gather_batch, init_distributed, shutdown
+from metricsearch.train.distributed import average_gradients, gather_batch, init_distributed, shutdown
 
 #: (name, loss factory, weighting factory) as tests/test_distributed.py rebuilds them
 CASES = {
     "ms": (lambda: losses.build("ms"), lambda: None),
     "margin_learned": (lambda: losses.build("margin", beta_mode="learned", nu=0.01), lambda: None),
     "contrastive_dro_kl": (lambda: losses.build("contrastive"), lambda: sampling.build_weighting("dro_kl")),
+    "proxy_anchor": (lambda: losses.build("proxy_anchor", num_classes=4, embedding_dim=16), lambda: None),
+    "soft_triple": (lambda: losses.build("soft_triple", num_classes=4, embedding_dim=16, centers_per_class=2),
+                    lambda: None),
 }
 
 
@@ -37,6 +41,7 @@ def main(out: Path) -> None:
         g_emb, g_labels, g_idx = gather_batch(local, labels[own], indices[own], ctx)
         loss = loss_fn(g_emb, g_labels, weighting=weighting)
         loss.backward()
+        average_gradients(loss_fn, ctx)
         result[name] = {"loss": loss.detach(), "grad": local.grad, "own": (own.start, own.stop),
                         "labels": g_labels, "indices": g_idx,
                         "param_grads": {k: p.grad for k, p in loss_fn.named_parameters() if p.grad is not None}}

@@ -1,4 +1,5 @@
-"""Every loss of the five papers, built by name: `build(name, **params)`, `names()`."""
+"""Every loss of the five papers, and the proxy losses beyond them, built by name: `build(name, **params)`,
+`names()`."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from typing import Any
 
 from metricsearch.train.context import TrainContext
 from metricsearch.train.losses import (  # noqa: F401  # each module registers its losses in LOSSES
-    binomial, contrastive, dro, ice, lifted, margin, ms, npair, triplet,
+    arcface, binomial, contrastive, cosface, dro, ice, lifted, margin, ms, normsoftmax, npair, proxy_anchor, proxy_nca,
+    soft_triple, triplet,
 )
 from metricsearch.train.losses.base import MetricLoss, Mined, PairLoss, Weighting, label_masks, pair_masks
+from metricsearch.train.losses.proxies import ProxyLoss
 from metricsearch.train.losses.registry import LOSSES, register
 
 
@@ -22,5 +25,11 @@ def names() -> list[str]:
     return LOSSES.names()
 
 
-__all__ = ["LOSSES", "MetricLoss", "Mined", "PairLoss", "Weighting", "build", "names",
-           "register", "label_masks", "pair_masks"]
+def learns_proxies(name: str) -> bool:
+    """Whether the loss of that name learns proxies (one of the losses beyond the five papers)."""
+    factory = LOSSES.get(name)
+    return isinstance(factory, type) and issubclass(factory, ProxyLoss)
+
+
+__all__ = ["LOSSES", "MetricLoss", "Mined", "PairLoss", "ProxyLoss", "Weighting", "build", "learns_proxies",
+           "names", "register", "label_masks", "pair_masks"]

@@ -209,6 +209,13 @@ class MetricLoss(nn.Module):
         full[block[0][:, None], block[1][None, :]] = weights
         return full
 
+    def weighted_pairs(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The pairs the loss weighs, for plots: their similarities, `pair_weights`, and the masks of the positive
+        and the negative ones (here the batch's B x B pairs)."""
+        with torch.no_grad():
+            sim = self.similarity(embeddings.detach())
+        return (sim, self.pair_weights(embeddings, labels), *label_masks(labels))
+
 
 class PairLoss(MetricLoss):
     """A loss that weighs per-pair losses l_ij; any weighting can replace its own (the mean)."""

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from metricsearch.train.context import TrainContext
-from metricsearch.train.losses.base import MetricLoss, label_masks
+from metricsearch.train.losses.base import MetricLoss
 
 
 def random_batch(
@@ -34,19 +34,17 @@ def random_batch(
 def plot_pair_weights(
     losses: dict[str, MetricLoss], embeddings: Tensor, labels: Tensor, out_path: str | Path
 ) -> Path:
-    """Save a PNG with one panel per loss: pair weight |dL/dS_ij| against S_ij, positives vs negatives."""
+    """Save a PNG with one panel per loss: pair weight |dL/dS_ij| against S_ij, positives vs negatives (for a proxy
+    loss, j is a proxy: its own class's or another's)."""
     if not losses:
         raise ValueError("losses must name at least one loss to plot")
     cols = min(3, len(losses))
     rows = math.ceil(len(losses) / cols)
     fig = Figure(figsize=(4.5 * cols, 3.6 * rows), layout="constrained")
     FigureCanvasAgg(fig)
-    pos, neg = label_masks(labels)
     for index, (name, loss) in enumerate(losses.items()):
         ax = fig.add_subplot(rows, cols, index + 1)
-        with torch.no_grad():
-            sim = loss.similarity(embeddings.detach())
-        weights = loss.pair_weights(embeddings, labels)
+        sim, weights, pos, neg = loss.weighted_pairs(embeddings, labels)
         nonzero = weights > 0
         for mask, colour, kind in ((pos, "tab:blue", "positive"), (neg, "tab:red", "negative")):
             shown = mask & nonzero
@@ -88,5 +86,6 @@ def inspect_loss(
     else:
         embeddings, labels = random_batch(classes, per_class, dim, seed)
     counts = {int(c): int((labels == c).sum()) for c in labels.unique()}
-    context = TrainContext(labels.numpy(), counts, int(labels.max()) + 1, len(labels))
+    context = TrainContext(labels.numpy(), counts, int(labels.max()) + 1, len(labels),
+                           embedding_dim=embeddings.shape[1])
     return plot_pair_weights({name: registry.build(name, context) for name in names}, embeddings, labels, out)

@@ -9,7 +9,7 @@ import numpy as np
 from metricsearch.train.context import TrainContext
 from metricsearch.train.losses.base import Mined, Weighting
 from metricsearch.train.sampling import (  # noqa: F401  # each module registers its entries
-    distance_weighted, dro, group, hard_class, importance, miners, p_random, super_class,
+    distance_weighted, dro, group, hard_class, importance, miners, p_random, random_batches, super_class,
 )
 from metricsearch.train.sampling.base import LabelBatchSampler
 from metricsearch.train.sampling.registry import (
