@@ -38,6 +38,7 @@ from metricsearch.index.faiss_index import build_index as build_factory, ivf_lis
 
 sys.path.insert(0, str(Path(__file__).parent))
 from index import clustered  # noqa: E402  (the vectors of bench/index.py)
+from results_files import write_results  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results")
 K = 10
@@ -281,9 +282,7 @@ def main() -> None:
     results = [bench(n, generator) for generator in args.generators for n in args.sizes]
     text = table(results)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.md").write_text(text + "\n")
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1, default=float))
+    write_results(RESULTS / args.out, text, json.loads(json.dumps(results, default=float)))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from autoindex import pareto_clustered  # noqa: E402
 from index import synthetic_gallery  # noqa: E402
 from onnx_models import pixel_correlation_onnx  # noqa: E402
+from results_files import write_results  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results")
 DIM, SIDE = 256, 16  # a 16 x 16 grey pixel model embeds 256-d (queries here are vectors; the model is never run)
@@ -168,9 +169,7 @@ def main() -> None:
         rows = bench(args.size, budgets, Path(tmp))
     text = table(rows)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.md").write_text(text + "\n")
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(rows, indent=1, default=float))
+    write_results(RESULTS / args.out, text, json.loads(json.dumps(rows, default=float)))
 
 
 if __name__ == "__main__":

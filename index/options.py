@@ -102,7 +102,7 @@ class BuildOptions(IndexOptions):
         if self.ray_shards is not None and self.engine != "ray":
             raise ValueError("ray_shards (--ray-shards) shards the index on Ray: it needs engine ray (--engine ray)")
         if self.index_memory is not None and self.index_memory <= 0:
-            raise ValueError(f"index_memory (--index-memory) must be positive, got {self.index_memory} bytes")
+            raise ValueError(f"index_memory (--index-memory) must be positive, got {self.index_memory / 2**30:g} GB")
 
     def read_settings(self) -> ReadSettings:
         """How the reader treats images (checked: a bad limit is a ValueError naming its option)."""
