@@ -1,4 +1,4 @@
-# metricsearch images, two targets from one file (see README, "Docker"):
+# metricsearch images, two targets from one file (see docs/scaling.md, "Docker"):
 #   docker build --target serve -t metricsearch:serve .   CUDA runtime, `gpu` extra, no torch (small)
 #   docker build --target train -t metricsearch:train .   with torch, for training and export
 # Both run as the non-root user `metricsearch` (uid 10001) with `metricsearch` as the entrypoint. Without a GPU

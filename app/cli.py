@@ -9,6 +9,7 @@ import sys
 from typing import Callable, Sequence
 
 from metricsearch.app.index_commands import add_index_commands
+from metricsearch.data.folder import SplitClassesError
 from metricsearch.errors import MetricsearchError
 from metricsearch.models.device import DEVICES
 from metricsearch.models.memory_budget import memory_gb
@@ -25,6 +26,10 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+#: how each command that takes a class split fraction (split_classes) gives it, and drops it: the words of its
+#: SplitClassesError (other commands have no option for it)
+SPLIT_CLASSES_OPTIONS = {"train": ("--set split_classes=F", "pass --set split_classes=null"),
+                         "evaluate": ("--split-classes F", "leave out --split-classes")}
 TRAIN_EXTRA_HINT = "needs the `train` extra (torch, torchvision, onnx): pip install 'metricsearch[train]'"
 REPORT_EXTRA_HINT = "--report needs the `report` extra (matplotlib, scikit-learn): pip install 'metricsearch[report]'"
 
@@ -55,9 +60,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if (args.checkpoint is None) == (args.backbone is None):
         raise ValueError("pass a run directory or checkpoint, or --backbone NAME (off-the-shelf features), "
                          "one of the two")
-    if args.dim is None and (args.fit_images or args.whiten_projection):
+    if not args.dim and (args.fit_images or args.whiten_projection):
         raise ValueError("--fit-images and --whiten-projection go with --dim D")
-    if args.dim is not None and args.backbone is not None and args.fit_images is None:
+    if args.dim and args.backbone is not None and args.fit_images is None:
         raise ValueError("--dim with --backbone needs --fit-images SPEC: the images to fit the projection on")
     projection = {"dim": args.dim, "whiten_projection": args.whiten_projection, "fit_images": args.fit_images}
     if args.backbone is not None:
@@ -165,7 +170,9 @@ def _cmd_losses(args: argparse.Namespace) -> int:
 
 
 def _cmd_samplers(args: argparse.Namespace) -> int:
-    from metricsearch.train.sampling import MINERS, SAMPLERS, WEIGHTINGS
+    from metricsearch.train.miners import MINERS
+    from metricsearch.train.samplers import SAMPLERS
+    from metricsearch.train.weightings import WEIGHTINGS
 
     _print_registry("samplers (sampler.name=...)", SAMPLERS, ("seed", "rank", "world_size", "batches_per_epoch"))
     _print_registry("miners (miner.name=...)", MINERS)
@@ -256,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--backbone, random-pixel photos)")
     p.add_argument("--batch-size", type=int, default=32, help="images in the parity batch")
     p.add_argument("--dim", type=int, help="append a PCA projection to D dimensions, re-normalised (1280-d photo "
-                   "features at 256-d: 5x less memory per item; docs/photos.md), fit on --fit-images")
+                   "features at 256-d: 5x less memory per item; docs/photos.md), fit on --fit-images (default: the "
+                   "run's config key model.project; 0: no projection)")
     p.add_argument("--fit-images", metavar="SPEC", help="with --dim: the images to fit the projection on (default: "
                    "the run's training images; needed with --backbone)")
     p.add_argument("--whiten-projection", action="store_true", help="with --dim: divide each direction by its "
@@ -379,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         hint = REPORT_EXTRA_HINT if getattr(args, "report", None) else TRAIN_EXTRA_HINT
         print(f"{prefix}: error: {prefix} {hint}", file=sys.stderr)
+        return 2
+    except SplitClassesError as exc:  # in the words of this command's own options
+        print(f"{prefix}: error: {exc.worded(*SPLIT_CLASSES_OPTIONS.get(args.command, (None, None)))}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:
         print(f"{prefix}: error: {exc}", file=sys.stderr)

@@ -141,7 +141,7 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     index = add("index", lambda args: args.index_func(args),
                 "Build and maintain a searchable gallery (LMDB + faiss) of a model's embeddings of your images.")
     inner = index.add_subparsers(dest="index_command", required=True, metavar="INDEX_COMMAND",
-                                 help="build, add, remove, info, verify or rebuild (each has --help)")
+                                 help="build, add, remove, info, rebuild, verify or duplicates (each has --help)")
 
     def sub_add(name: str, func, help_text: str) -> argparse.ArgumentParser:
         p = inner.add_parser(name, help=help_text, description=help_text, formatter_class=index.formatter_class)

@@ -2,8 +2,8 @@
 beside autofaiss's `build_index` (its defaults, and its time budget set to our per-query time) and
 HNSW32 / IVF-Flat / IVF-HNSW swept over efSearch / nprobe (IVF at the rule's list count and at 16 sqrt(N),
 as an outside check did; IVF-HNSW at 16 sqrt(N) and N/64 lists), on clustered 128-d unit vectors and 2,000
-new queries, from two generators: `uniform` (bench/index.py's: classes of 50, spreads 0.3-0.9) and `pareto`
-(class sizes from a Pareto law, a few huge and many tiny, spreads log-uniform 0.2-0.8: data `auto` was not
+new queries, from two generators: `uniform` (bench/gallery_speed.py's: classes of 50, spreads 0.3-0.9) and
+`pareto` (class sizes from a Pareto law, a few huge and many tiny, spreads log-uniform 0.2-0.8: data `auto` was not
 tuned on). The ratio table says, per generator and size, `auto`'s QPS at batch 256 over the best swept
 setting at equal or better recall@10.
 
@@ -34,10 +34,10 @@ import numpy as np
 
 from metricsearch.index import build_index
 from metricsearch.index.autoindex import HNSW_QUANTIZER_POINTS, candidates, index_bytes_at
-from metricsearch.index.faiss_index import build_index as build_factory, ivf_lists, recall_without_self, set_param, tune
+from metricsearch.index.faiss_index import index_from_factory, ivf_lists, recall_without_self, set_param, tune
 
 sys.path.insert(0, str(Path(__file__).parent))
-from index import clustered  # noqa: E402  (the vectors of bench/index.py)
+from gallery_speed import clustered  # noqa: E402  (the vectors of bench/gallery_speed.py)
 from results_files import write_results  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results")
@@ -130,7 +130,7 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndar
     IVF-Flat at the rule's lists is also tuned as `auto` did before it measured candidates (its cost)."""
     n = len(vectors)
     start = time.perf_counter()
-    index, rows = build_factory(vectors, np.arange(n, dtype=np.int64), factory)
+    index, rows = index_from_factory(vectors, np.arange(n, dtype=np.int64), factory)
     build_s = time.perf_counter() - start
     name, values = ("efSearch", EF_SEARCH) if factory.startswith("IDMap") else ("nprobe", NPROBE)
     tune_s = None
@@ -276,7 +276,8 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 300_000, 1_000_000, 2_000_000],
                         help="gallery sizes")
     parser.add_argument("--generators", nargs="*", choices=list(GENERATORS), default=list(GENERATORS),
-                        help="the vectors: uniform (bench/index.py's classes) and pareto (uneven sizes and spreads)")
+                        help="the vectors: uniform (bench/gallery_speed.py's classes) and pareto (uneven sizes and "
+                             "spreads)")
     parser.add_argument("--out", default="autoindex", help="results file name under bench/results (.md, .json)")
     args = parser.parse_args()
     results = [bench(n, generator) for generator in args.generators for n in args.sizes]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from index import write_photos  # noqa: E402  (the synthetic photos of bench/index.py)
+from gallery_speed import write_photos  # noqa: E402  (the synthetic photos of bench/gallery_speed.py)
 
 RESULTS = Path(__file__).with_name("results")
 GROCERY = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "grocery" / "dataset" / "train"

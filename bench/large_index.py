@@ -34,13 +34,13 @@ from metricsearch.index import Gallery, build_index
 from metricsearch.index.faiss_files import index_bytes
 from metricsearch.index.faiss_index import recall_without_self
 from metricsearch.index.jobs import build_faiss
-from metricsearch.index.layout import Store
+from metricsearch.index.lmdb_store import Store
 from metricsearch.models.memory_budget import resident_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from autoindex import pareto_clustered  # noqa: E402
-from index import synthetic_gallery  # noqa: E402
+from gallery_speed import synthetic_gallery  # noqa: E402
 from onnx_models import pixel_correlation_onnx  # noqa: E402
 from results_files import write_results  # noqa: E402
 

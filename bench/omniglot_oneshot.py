@@ -45,7 +45,7 @@ import yaml
 from scipy import stats
 
 from metricsearch.data import DataSplit, ImageSet, load_split
-from metricsearch.evaluation.metrics import check_center
+from metricsearch.evaluation.distances import check_center
 from metricsearch.evaluation.oneshot import episode_errors, mean_ci
 from metricsearch.models import PixelEmbedder
 from metricsearch.models.onnx_embedder import OnnxEmbedder
@@ -53,7 +53,7 @@ from metricsearch.models.torch_embedder import Embedder, load_embedder
 from metricsearch.train.config import VIEW_KEYS, load_config  # VIEW_KEYS: a kept run is scored with others
 from metricsearch.train.export import export_onnx
 from metricsearch.train.quantize import quantize_onnx
-from metricsearch.train.runs import sample_batch
+from metricsearch.train.checkpoint_data import sample_batch
 from metricsearch.train.trainer import train
 from metricsearch.train.whitening import whitened
 from results_files import write_results

@@ -15,6 +15,10 @@ Families: `ms` (multi-similarity, the recipe's), `margin` (margin loss with a le
 distance-weighted sampling), `ice`, `contrastive` (balanced contrastive + importance sampling),
 `dro` (DRO-TopK-PN over the contrastive pair loss).
 
+Compact embeddings: `--dims 512 256 128` also scores the off-the-shelf features (at the recipe's resolution) and
+every fine-tuned model projected by a PCA to each dimension, fit on the fold's training photos (as `export --dim`
+fits it on the run's training images), re-normalised; "vs own full dimension" is the paired Recall@1 difference.
+
 Speed: `--speed-batches N` times the trainer (config's batch, workers, augmentation, its own epoch
 loop) against a bare PyTorch loop with the same model, batch, loss and optimizer over batches already
 decoded in memory (the compute ceiling), one after the other in this process. With the recipe's
@@ -41,13 +45,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from metricsearch.data import ImageSet, load_query_gallery
-from metricsearch.evaluation.metrics import nearest, average_precision_at_r, sq_distances
+from metricsearch.data import ImageSet, load_query_gallery, load_split
+from metricsearch.evaluation.distances import sq_distances
+from metricsearch.evaluation.metrics import average_precision_at_r, nearest
 from metricsearch.models import PixelEmbedder
 from metricsearch.models.torch_embedder import Embedder, build_embedder, load_embedder
 from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.dataset import ImageDataset
 from metricsearch.train.optim import build_optimizer
+from metricsearch.train.projection import pca
 from metricsearch.train.trainer import build_components, build_setup, train, train_epoch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,12 +89,30 @@ def fold_sets(data: Path, half: str) -> dict[str, ImageSet]:
     spec = f"grocery:{data}"
     query, gallery = load_query_gallery(f"{spec}#test,{half}", f"{spec}#train+val,{half}")
     query_c, catalogue = load_query_gallery(f"{spec}#test,{half}", f"{spec}#catalogue,{half}")
-    return {"query": query, "gallery": gallery, "catalogue": catalogue, "query_c": query_c}
+    fit = load_split(spec + f"#{half}").train  # the photos the fold trains on: the projections are fit on them
+    return {"query": query, "gallery": gallery, "catalogue": catalogue, "query_c": query_c, "fit": fit}
 
 
-def per_query(model: Any, sets: dict[str, ImageSet]) -> dict[str, np.ndarray]:
-    """Per query photo: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1."""
+def per_query(model: Any, sets: dict[str, ImageSet], dims: list[int] = ()) -> dict[int | None, dict[str, np.ndarray]]:
+    """Per query photo: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1; under None for the model's own
+    embedding, under each of `dims` for it projected by a PCA fit on the fold's training photos (`export --dim`)."""
     q, g, c = (model.embed_set(sets[k], batch_size=64) for k in ("query", "gallery", "catalogue"))
+    out = {None: scores(q, g, c, sets)}
+    if dims:
+        fit = model.embed_set(sets["fit"], batch_size=64)
+        for dim in dims:
+            mean, matrix = pca(fit, dim)
+            out[dim] = scores(*(unit((x - mean) @ matrix) for x in (q, g, c)), sets)
+    return out
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, as the exported projection re-normalises."""
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def scores(q: np.ndarray, g: np.ndarray, c: np.ndarray, sets: dict[str, ImageSet]) -> dict[str, np.ndarray]:
+    """Per query: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1, from the three sets' embeddings."""
     ql, gl = sets["query"].labels, sets["gallery"].labels
     r = (gl[None, :] == ql[:, None]).sum(1)
     relevant = gl[nearest(sq_distances(q, g), int(r.max()))] == ql[:, None]
@@ -118,7 +142,7 @@ def recipe(family: str, half: str, data: Path, out: Path, extra: list[str]) -> d
 
 
 def run(families: list[str], folds: list[str], data: Path, extra: list[str], keep: Path | None,
-        partial: Path | None = None) -> list[dict]:
+        partial: Path | None = None, dims: list[int] = ()) -> list[dict]:
     """Score every row on every fold (fold by fold); after each training, the table so far goes to `partial`."""
     size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
     rows: dict[str, dict[str, Any]] = {}
@@ -132,21 +156,24 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
         out = keep or Path(tmp)
         for half in folds:
             sets = fold_sets(data, half)
-            add("pixels", "raw 32x32 RGB pixels, no training", half, per_query(PixelEmbedder(32, 3), sets))
+            add("pixels", "raw 32x32 RGB pixels, no training", half, per_query(PixelEmbedder(32, 3), sets)[None])
             for s in sorted({size, 224}):
-                add(f"off-the-shelf {s}px", f"{BACKBONE} ImageNet pooled features at {s} px", half,
-                    per_query(off_the_shelf(s), sets))
+                for dim, found in per_query(off_the_shelf(s), sets, dims if s == size else []).items():
+                    add(f"off-the-shelf {s}px" + (f" {dim}-d" if dim else ""), f"{BACKBONE} ImageNet pooled features "
+                        f"at {s} px" + (f", PCA to {dim}-d" if dim else ""), half, found)
             for family in families:
                 config = recipe(family, half, data, out, extra)
                 t0, c0, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
                 result = train(config, progress=False)
                 wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-                scores = per_query(load_embedder(result.run_dir / "last.pt"), sets)
-                add(family, FAMILIES[family][1], half, scores,
-                    **{half: {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load": round(load, 1),
-                              "epochs": config["epochs"]}})
+                found = per_query(load_embedder(result.run_dir / "last.pt"), sets, dims)
+                for dim, by_query in found.items():
+                    what = FAMILIES[family][1] + (f", PCA to {dim}-d" if dim else "")
+                    timing = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load": round(load, 1),
+                              "epochs": config["epochs"]}
+                    add(family + (f" {dim}-d" if dim else ""), what, half, by_query, **{half: timing})
                 print(f"{family} {half}: {wall:.0f} s wall, {cpu:.0f} s CPU (load {load:.1f}); "
-                      + ", ".join(f"{k} {v.mean():.3f}" for k, v in scores.items()), file=sys.stderr, flush=True)
+                      + ", ".join(f"{k} {v.mean():.3f}" for k, v in found[None].items()), file=sys.stderr, flush=True)
                 if partial is not None:
                     partial.write_text(table(summarise(list(rows.values()), size), size, None) + "\n")
     return list(rows.values())
@@ -165,6 +192,10 @@ def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
                 **{m: bootstrap(v) for m, v in p.items()},
                 "by_fold": {f: {m: float(v.mean()) for m, v in r["scores"][f].items()} for f in folds},
                 "recall_at_1_vs_off_the_shelf": bootstrap(p["recall_at_1"] - ref)}
+        full = next((f for f in rows if r["row"].startswith(f["row"] + " ") and r["row"].endswith("-d")), None)
+        if full is not None:  # a projected row: the paired difference to its own model's full embedding
+            item["recall_at_1_vs_full"] = bootstrap(p["recall_at_1"] - np.concatenate(
+                [full["scores"][f]["recall_at_1"] for f in folds]))
         out.append(item)
     return out
 
@@ -224,14 +255,17 @@ def table(summary: list[dict[str, Any]], size: int, fast: dict[str, float] | Non
     lines = [f"Grocery Store, unseen classes, held-out halves {folds} pooled (a row's queries over the folds it ran); "
              "mean [95% bootstrap interval over queries]", "",
              "| row | photo->photo R@1 | photo->photo MAP@R | photo->catalogue acc@1 | R@1 vs off-the-shelf "
-             f"{size}px (paired) | R@1 by fold | train wall / CPU s per fold |", "|---|---:|---:|---:|---:|---:|---:|"]
+             f"{size}px (paired) | R@1 vs own full dimension (paired) | R@1 by fold | train wall / CPU s per fold |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         vs = s.get("recall_at_1_vs_off_the_shelf")
         diff = f"{vs[0]:+.3f} [{vs[1]:+.3f}, {vs[2]:+.3f}]" if vs and s["row"] != f"off-the-shelf {size}px" else ""
+        own = s.get("recall_at_1_vs_full")
+        own = f"{own[0]:+.3f} [{own[1]:+.3f}, {own[2]:+.3f}]" if own else ""
         by = " / ".join(f"{v['recall_at_1']:.3f}" for v in s["by_fold"].values())
         t = " / ".join(f"{v['wall_s']:.0f} / {v['cpu_s']:.0f}" for v in s["train"].values()) or "-"
         lines.append(f"| {s['row']} | {ci(s['recall_at_1'])} | {ci(s['map_at_r'])} | {ci(s['catalogue_at_1'])} "
-                     f"| {diff} | {by} | {t} |")
+                     f"| {diff} | {own} | {by} | {t} |")
     lines += ["", "Rows: " + "; ".join(f"{s['row']}: {s['what']}" for s in summary)]
     if fast:
         lines += ["", f"Training speed ({fast['batches']} batches of {fast['batch']}, {fast['num_workers']} DataLoader "
@@ -255,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                         help="overrides of configs/grocery.yaml for every fine-tuning (e.g. optimizer.lr=3e-4)")
     parser.add_argument("--speed-batches", type=int, default=10, help="batches to time trainer vs bare loop (0: skip)")
+    parser.add_argument("--dims", nargs="*", type=int, default=[], metavar="D",
+                        help="also score each model projected to D dimensions by a PCA fit on the fold's training "
+                             "photos (what `export --dim D` appends), e.g. --dims 512 256 128")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
     parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
                         help="no training: one table from earlier runs' results (e.g. one run per fold)")
@@ -273,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, fast = combine(args.combine)
     else:
         fast = speed(args.speed_batches, extra, args.data) if args.speed_batches else None
-        rows = run(list(args.families), list(args.folds), args.data, extra, args.keep, partial)
+        rows = run(list(args.families), list(args.folds), args.data, extra, args.keep, partial, args.dims)
     summary = summarise(rows, size)
     text = table(summary, size, fast)
     text += f"\n\nCommand: python bench/photos.py {' '.join(argv if argv is not None else sys.argv[1:])}"

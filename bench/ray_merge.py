@@ -1,6 +1,7 @@
 """An IVF index built in shards on Ray (index/sharded_build.py, `index build --engine ray`) against one process:
 the index is trained once, then every vector is added (a) to one index here, with faiss on every core, and (b) in
-K shards on K Ray tasks of one CPU each, their inverted lists merged here; on clustered unit vectors (bench/index.py's).
+K shards on K Ray tasks of one CPU each, their inverted lists merged here; on clustered unit vectors
+(bench/gallery_speed.py's).
 
     python bench/ray_merge.py                            # 1M 128-d vectors, 2 shards (about 10 minutes, 2 idle cores)
     python bench/ray_merge.py --n 200000 --shards 2 4    # 200k
@@ -29,7 +30,7 @@ from metricsearch.index.ray_engine import ray_session
 from metricsearch.index.sharded_build import add_in_shards, sharded_choice
 
 sys.path.insert(0, str(Path(__file__).parent))
-from index import clustered  # noqa: E402  (the vectors of bench/index.py)
+from gallery_speed import clustered  # noqa: E402  (the vectors of bench/gallery_speed.py)
 
 RESULTS = Path(__file__).with_name("results")
 

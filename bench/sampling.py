@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from metricsearch.train import losses
-from metricsearch.train.sampling import MINERS, build_miner
+from metricsearch.train.miners import MINERS, build_miner
 
 SIZES = (128, 512, 1024)
 

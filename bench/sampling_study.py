@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from metricsearch.train import sampling
+from metricsearch.train.samplers import build_sampler
+from metricsearch.train.weightings import build_weighting
 from metricsearch.train.config import load_config
 from metricsearch.data import load_split
 from metricsearch.train.trainer import train
@@ -88,7 +89,7 @@ def design_shape(sampler: Any) -> dict[str, Any]:
 
 def importance_summary(sampler: Any, counts: dict[int, int]) -> dict[str, float]:
     """W = P_uniform / Q for a positive and a negative pair (all classes have equal size here)."""
-    w = sampling.build_weighting("importance", {"sampler": sampler, "class_counts": counts}, delta=1.0)
+    w = build_weighting("importance", {"sampler": sampler, "class_counts": counts}, delta=1.0)
     weights = w.weights.numpy()
     off = ~np.eye(len(weights), dtype=bool)
     return {
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     for d in args.designs:
         cfg = build_config(args, data, d, True, 0, out_dir)
         params = dict(cfg["sampler"])
-        sampler = sampling.build_sampler(params.pop("name"), train_labels, seed=0, batches_per_epoch=1, **params)
+        sampler = build_sampler(params.pop("name"), train_labels, seed=0, batches_per_epoch=1, **params)
         shapes[d] = {**design_shape(sampler), **importance_summary(sampler, counts)}
         note = ""
         if d.startswith("g") and shapes[d]["images_per_step"] != args.images_per_step:

@@ -5,7 +5,7 @@ CPU has; `AVX512_CORE` = AVX-512 without bf16 instructions (Intel Xeon from Skyl
 `AVX2` = most laptops and AMD before Zen 4. Each child builds the trainer's setup for a config twice, in
 float32 and with bf16 autocast forced (what `amp: bf16` ran before it fell back to float32 on CPUs without
 bf16 in hardware), and times `train_step` on the same pre-drawn batches, the two alternating batch by batch
-(`bench/train_layout.py`'s timing). The table gives images per second (median of the timed steps), the
+(`bench/train_channels_last.py`'s timing). The table gives images per second (median of the timed steps), the
 ratio bf16 / float32 (the reference, measured in the same process) and what `amp: bf16` trains in there
 now (`metricsearch.train.device.cpu_has_native_bf16`).
 
@@ -28,7 +28,7 @@ from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.device import cpu_has_native_bf16
 from metricsearch.train.trainer import build_setup
 from results_files import write_results
-from train_layout import CASES, batches, time_steps
+from train_channels_last import CASES, batches, time_steps
 
 ISAS = ["native", "AVX512_CORE", "AVX2"]
 

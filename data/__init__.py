@@ -20,7 +20,8 @@ __all__ = ["DEFAULT_MAX_PIXELS", "PARTS", "SPLIT_MODES", "DataSplit", "ImageSet"
 
 _DESCRIPTIONS: dict[str, str] = {
     "digits": "scikit-learn's bundled 8x8 digits, 0-4 train / 5-9 test (offline, the default)",
-    "folder": "one sub-folder per class; PATH/train + PATH/test, or --split-classes F",
+    "folder": "one sub-folder per class; PATH/train + PATH/test, or the classes split by name at a fraction "
+              "(split_classes)",
     "omniglot": "Omniglot zips or folders: background alphabets train, evaluation test; plain `omniglot`: "
                 "the two minimal background sets that ship inside the package (offline, the demo's default)",
     "cub200": "CUB-200-2011 birds: classes 1-100 train, 101-200 test",
@@ -88,8 +89,8 @@ def _load_split(spec: str, download: bool, split_classes: float | None) -> DataS
             raise ValueError("folder: data sets cannot be downloaded; drop download: true from the config")
         return folder.load(root, split_classes)
     if split_classes is not None:
-        raise ValueError(f"{name} has a fixed class split; --split-classes (train: split_classes) applies to "
-                         "folder:PATH only")
+        raise folder.SplitClassesError(f"{name} has a fixed class split, and split_classes applies to folder:PATH "
+                                       f"only: {folder.DROP}")
     if root is None:
         return digits.load()
     try:

@@ -11,7 +11,7 @@ from PIL import Image
 
 from .base import RECALL_K_SMALL, DataSplit, split_by_class
 from .images import UNREADABLE_ERRORS
-from .scan import class_folders, is_image_name, keep_readable, list_images, warn_unreadable
+from .scan import DOWNLOAD_HINT, class_folders, is_image_name, keep_readable, list_images, warn_unreadable
 
 #: the two minimal background sets shipped in the package (MIT licence beside them): the spec `omniglot`
 EMBEDDED = Path(__file__).with_name("omniglot_small")
@@ -80,14 +80,12 @@ def load(root: Path) -> DataSplit:
     """The Omniglot split; with only one kind of set present, alphabets alternate between train and test."""
     spec = f"omniglot:{root}"
     if not root.is_dir():
-        raise FileNotFoundError(f"{spec}: folder {root} does not exist (check the path, or fetch it: "
-                                "metricsearch train --set download=true)")
+        raise FileNotFoundError(f"{spec}: folder {root} does not exist (check the path, or {DOWNLOAD_HINT})")
     bg_sources, bg_entries, bg_items = _read_sets(root, BACKGROUND)
     ev_sources, ev_entries, ev_items = _read_sets(root, EVALUATION)
     if not bg_sources and not ev_sources:
         expected = ", ".join(f"{n}[.zip]" for n in BACKGROUND + EVALUATION)
-        raise FileNotFoundError(f"{spec}: none of {expected} found in {root} (or fetch it: "
-                                "metricsearch train --set download=true)")
+        raise FileNotFoundError(f"{spec}: none of {expected} found in {root}; {DOWNLOAD_HINT}")
     unique: dict[Entry, object] = {}
     for entry, item in zip(bg_entries + ev_entries, bg_items + ev_items):
         unique.setdefault(entry, item)

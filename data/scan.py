@@ -8,7 +8,12 @@ from pathlib import Path
 
 from PIL import Image
 
+from .download import SOURCES
 from .images import UNREADABLE_ERRORS
+
+#: how a data set with a direct download URL gets into the folder its spec names; true whichever command
+#: reports the folder missing (only a training config can ask for the download)
+DOWNLOAD_HINT = "let a training run download it into that folder with the config key download: true"
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
@@ -73,15 +78,14 @@ def scan_class_folders(root: Path, check: bool = True) -> tuple[list[Path], list
 
 def find_root(path: Path, marker: str, what: str) -> Path:
     """`path` or its sub-folder that contains the file `marker`; FileNotFoundError if neither does."""
+    get = f", or {DOWNLOAD_HINT}" if what in SOURCES else ""
     if not path.is_dir():
-        raise FileNotFoundError(f"{what}: folder {path} does not exist (check the path, or fetch it: "
-                                "metricsearch train --set download=true)")
+        raise FileNotFoundError(f"{what}: folder {path} does not exist (check the path{get})")
     for candidate in [path, *class_folders(path)]:
         if (candidate / marker).is_file():
             return candidate
     raise FileNotFoundError(
-        f"{what}: {marker} not found in {path} or its sub-folders; point the spec at the extracted "
-        "data set folder (or fetch it: metricsearch train --set download=true)"
+        f"{what}: {marker} not found in {path} or its sub-folders; point the spec at the extracted data set folder{get}"
     )
 
 

@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import warnings
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from metricsearch.data.base import RECALL_K
-
-
-def sq_distances(q: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """Squared Euclidean distances, len(q) x len(g), float32."""
-    return (q * q).sum(1, keepdims=True) + (g * g).sum(1)[None, :] - 2.0 * (q @ g.T)
-
-
-def normalized(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (zero rows stay zero), float32."""
-    v = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(v, axis=1, keepdims=True)
-    return np.ascontiguousarray(v / np.where(norms > 0, norms, 1.0), dtype=np.float32)
-
-
-def check_center(center: float, gallery: bool = True, episodes: bool = False) -> None:
-    """A ValueError unless `center` (the fraction of the mean gallery embedding taken off) lies in [0, 1] and, when
-    it is set, there is a gallery or there are one-shot episodes to centre."""
-    if not 0.0 <= center <= 1.0:
-        raise ValueError(f"center is the fraction of the mean gallery embedding taken off: pass 0 to 1, not {center}")
-    if center and not (gallery or episodes):
-        raise ValueError("center needs a gallery (query and gallery images) or one-shot episodes: pass "
-                         "one_shot_ways and one_shot_protocol too (--one-shot-ways, --one-shot-protocol)")
-
-
-def centred(query: np.ndarray, gallery: np.ndarray, center: float) -> tuple[np.ndarray, np.ndarray]:
-    """(query, gallery) less `center` times the mean gallery embedding, L2-normalised; unchanged for 0."""
-    if center == 0.0:
-        return query, gallery
-    mean = center * gallery.mean(axis=0)
-    return normalized(query - mean), normalized(gallery - mean)
+from metricsearch.evaluation.distances import as_2d, centred, check_center, normalized as _normalized, sq_distances
+from metricsearch.evaluation.oneshot import one_shot_accuracy, one_shot_error
 
 
 def nearest(d: np.ndarray, n: int) -> np.ndarray:
@@ -47,13 +20,6 @@ def nearest(d: np.ndarray, n: int) -> np.ndarray:
         part = np.broadcast_to(np.arange(d.shape[1]), d.shape)
     order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
     return np.take_along_axis(part, order, axis=1)
-
-
-def as_2d(x: Any, what: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float32)
-    if arr.ndim != 2:
-        raise ValueError(f"{what} embeddings must be 2-D (items x dim), got shape {arr.shape}")
-    return arr
 
 
 def retrieval_metrics(
@@ -183,8 +149,6 @@ def evaluate(
     their `groups` (alphabets) and `sources` (drawers). With `center`, `center` times the mean gallery embedding
     (in one-shot episodes: of the support images) is taken from query and gallery embeddings, compared by cosine;
     the result then says so (`center`)."""
-    from metricsearch.evaluation.oneshot import one_shot_accuracy, one_shot_error
-
     check_center(center, gallery is not None, bool(one_shot_ways and one_shot_protocol))
     if gallery is not None:
         query, gallery = centred(query, gallery, center)
@@ -207,3 +171,12 @@ def evaluate(
     elif one_shot_ways:
         result[f"one_shot_{one_shot_ways}way"] = one_shot_accuracy(query, query_labels, one_shot_ways)
     return result
+
+
+def __getattr__(name: str) -> Callable:
+    """`normalized`, moved to `metricsearch.evaluation.distances`: a deprecated alias here until 0.2."""
+    if name != "normalized":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("metricsearch.evaluation.metrics.normalized is deprecated and goes in 0.2: import it from "
+                  "metricsearch.evaluation.distances", DeprecationWarning, stacklevel=2)
+    return _normalized

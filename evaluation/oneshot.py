@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from metricsearch.evaluation.metrics import as_2d, centred, check_center, sq_distances
+from metricsearch.evaluation.distances import as_2d, centred, check_center, sq_distances
 
 PROTOCOLS = ("within_alphabet", "across_alphabets")
 Z95 = 1.959963984540054

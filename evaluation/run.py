@@ -10,7 +10,8 @@ import numpy as np
 
 from metricsearch.data import DataSplit, ImageSet, load_query_gallery, load_split
 from metricsearch.data.base import RECALL_K_INSHOP
-from metricsearch.evaluation.metrics import centred, check_center, evaluate
+from metricsearch.evaluation.distances import centred, check_center
+from metricsearch.evaluation.metrics import evaluate
 
 
 class SetEmbedder(Protocol):

@@ -33,7 +33,7 @@ import faiss
 import numpy as np
 
 from .faiss_index import (HNSW_TRAIN_PER_LIST, MEMORY_FRACTION, RERANK, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K,
-                          IndexChoice, _inner, available_memory, build_index as build_factory, choose_index, describe,
+                          IndexChoice, _inner, available_memory, choose_index, describe, index_from_factory,
                           ivf_lists, make_index, memory_bytes, reranked, set_param, shortlist, tune, tuning_queries,
                           vectors_by_id)
 
@@ -251,7 +251,7 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
     start = time.perf_counter()
     if index.strip().lower() != "auto":
         choice = choose_index(n, dim, index, memory)
-        built, rows = build_factory(vectors, ids, choice.factory, device, seed)
+        built, rows = index_from_factory(vectors, ids, choice.factory, device, seed)
         return built, tuned_report(built, rows, vectors, ids, choice, target_recall, seed, start)
     truth = tuning_queries(vectors, ids, seed=seed) if n > 1 else None
     room = MEMORY_FRACTION * (memory if memory is not None else available_memory())
@@ -269,8 +269,8 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
             skipped.append({"factory": cand.factory, "reason": why})
             continue
         began = time.perf_counter()
-        idx, _ = build_factory(vectors, ids, cand.factory, device, seed, exclude=truth.rows if truth else None,
-                               niter=NITER)
+        idx, _ = index_from_factory(vectors, ids, cand.factory, device, seed, exclude=truth.rows if truth else None,
+                                    niter=NITER)
         build_s = time.perf_counter() - began
         bound = min((PRUNE * (r["tuning_ms"] + r["read_ms"]) for r in rows if r["meets_target"]), default=None)
         result = _tuned(idx, vectors, ids, truth, target_recall, bound) if truth else {

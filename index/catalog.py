@@ -10,7 +10,7 @@ from typing import TypeVar, overload
 
 import numpy as np
 
-from .layout import ItemRecord
+from .lmdb_store import ItemRecord
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import faiss
 
+from .build_steps import reached
 from .faiss_index import INDEX_DIR
-from .steps import reached
 
 
 class UnusableIndex(ValueError):

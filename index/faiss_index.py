@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -255,7 +256,7 @@ def _prepare_training(index: faiss.Index, niter: int | None) -> int:
 def train_index(vectors: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
                 exclude: np.ndarray | None = None,
                 niter: int | None = None) -> tuple[faiss.Index, faiss.Index, np.ndarray]:
-    """An empty index `factory` for `vectors`, trained as `build_index` trains it: the CPU index, the one
+    """An empty index `factory` for `vectors`, trained as `index_from_factory` trains it: the CPU index, the one
     to add to (the same, or its copy on the GPUs with device gpu) and the rows of the training sample."""
     check_trainable(factory, vectors.shape[1], len(vectors))
     index = make_index(factory, vectors.shape[1])
@@ -279,8 +280,8 @@ def train_index(vectors: np.ndarray, factory: str, device: str = "cpu", seed: in
     return index, work, rows
 
 
-def build_index(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
-                exclude: np.ndarray | None = None, niter: int | None = None) -> tuple[faiss.Index, np.ndarray]:
+def index_from_factory(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
+                       exclude: np.ndarray | None = None, niter: int | None = None) -> tuple[faiss.Index, np.ndarray]:
     """An index of `vectors` under `ids`, trained (k-means of `niter` iterations for IVF, faiss's default
     when None) on a random sample (on the GPUs with device gpu) of the rows not in `exclude` (of all
     rows when the others are too few); returns the CPU index and the rows of the training sample."""
@@ -474,3 +475,13 @@ def index_ids(index: faiss.Index) -> np.ndarray:
     parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy()
              for i in range(ivf.nlist) if lists.list_size(i)]
     return np.sort(np.concatenate(parts).astype(np.int64)) if parts else np.zeros(0, np.int64)
+
+
+def __getattr__(name: str) -> Callable:
+    """`build_index`: the deprecated name of `index_from_factory`, until 0.2 (`metricsearch.index.build_index` is
+    the automatic index)."""
+    if name != "build_index":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("metricsearch.index.faiss_index.build_index is deprecated and goes in 0.2: call "
+                  "index_from_factory", DeprecationWarning, stacklevel=2)
+    return index_from_factory

@@ -28,7 +28,7 @@ from .autoindex import candidate_lines, current_reason
 from .catalog import Catalog, SearchResults
 from .faiss_files import index_bytes
 from .faiss_index import MEMORY_FRACTION, available_memory, select_device
-from .layout import FORMAT_VERSION, Store, id_key, reporting_damage
+from .lmdb_store import FORMAT_VERSION, Store, id_key, reporting_damage
 from .state import IndexState, Newer
 from .pipeline import ReadSettings, decode, normalized, read_bytes
 

@@ -29,15 +29,15 @@ from metricsearch.data import ImageSet, load_image_set
 from metricsearch.models import OnnxEmbedder
 
 from .autoindex import build_index, current_reason
+from .build_steps import reached
 from .faiss_files import UnusableIndex, save_index
 from .faiss_index import INDEX_DIR, PQ_MIN, check_trainable, choose_index, describe, make_index, select_device
 from .gallery import Gallery, check_model, file_sha256, finished
-from .layout import FORMAT_VERSION, LMDB_DIR, NotCreated, Store
+from .lmdb_store import FORMAT_VERSION, LMDB_DIR, NotCreated, Store
 from .locks import job_lock
 from .options import BuildOptions, IndexOptions
 from .pipeline import Engine, ImageReader, ReadSettings, StageTimes, source_names
 from .sharded_build import build_index_on_ray
-from .steps import reached
 from .writer import GalleryWriter, bump_version, job_record, record_job, start_job
 
 log = logging.getLogger("metricsearch.index")

@@ -1,5 +1,5 @@
 """Read every page of a gallery's LMDB tables in a child process, so that a damaged page LMDB aborts or faults on
-(an assertion, SIGBUS, SIGSEGV) ends the child, not the command: `layout.walk_in_child` runs this file as
+(an assertion, SIGBUS, SIGSEGV) ends the child, not the command: `lmdb_store.walk_in_child` runs this file as
 
     python -I -S lmdb_walk.py SITE LMDB_DIR NAME...
 

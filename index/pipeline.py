@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from metricsearch.data import DEFAULT_MAX_PIXELS, ImageSet, UnreadableImageError, load_image
-from metricsearch.evaluation.metrics import normalized
+from metricsearch.evaluation.distances import normalized
 from metricsearch.models import OnnxEmbedder, Preprocessing
 
 THUMBNAIL_SIZE = 256

@@ -20,7 +20,7 @@ import numpy as np
 from .catalog import Catalog, SearchResults
 from .faiss_files import UnusableIndex, load_index
 from .faiss_index import describe, make_index, rescored, search_params, set_param, shortlist, to_device
-from .layout import ADD, Store, id_key, reporting_damage
+from .lmdb_store import ADD, Store, id_key, reporting_damage
 
 
 class Newer(Exception):

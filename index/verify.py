@@ -9,8 +9,8 @@ import numpy as np
 from .faiss_files import UnusableIndex, index_bytes, load_index
 from .faiss_index import describe, index_ids
 from .gallery import Gallery, file_sha256
+from .lmdb_store import DamagedGallery, Store, key_id, mismatches
 from .state import net_changes
-from .layout import DamagedGallery, Store, key_id, mismatches
 
 
 def gallery_info(db: str | Path, device: str = "auto") -> dict:

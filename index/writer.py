@@ -8,7 +8,7 @@ import time
 import lmdb
 import numpy as np
 
-from .layout import ADD, REMOVE, ItemRecord, Store, checksums, id_key
+from .lmdb_store import ADD, REMOVE, ItemRecord, Store, checksums, id_key
 from .pipeline import ReadItem
 
 

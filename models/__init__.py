@@ -7,8 +7,8 @@ Importing this package does not import torch: the serving side uses `OnnxEmbedde
 
 from __future__ import annotations
 
-from metricsearch.models.batches import embed_image_set, ordered_batches, preprocessed_batches
 from metricsearch.models.base import ArrayEmbedder
+from metricsearch.models.image_set_embedding import embed_image_set, ordered_batches, preprocessed_batches
 from metricsearch.models.onnx_embedder import OnnxEmbedder, select_providers
 from metricsearch.models.pixels import PixelEmbedder
 from metricsearch.models.preprocessing import Preprocessing

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from metricsearch.data import ImageSet
-from metricsearch.models.batches import embed_image_set
+from metricsearch.models.image_set_embedding import embed_image_set
 from metricsearch.models.memory_budget import DEFAULT_MEMORY, MAX_BATCH, batch_within
 from metricsearch.models.preprocessing import Preprocessing
 

@@ -251,12 +251,13 @@ def build_embedder(config: dict[str, Any], pretrained: str | None = None) -> Emb
     cfg = dict(config)
     pre = cfg.pop("preprocessing", None)
     cfg.pop("pretrained", None)
+    cfg.pop("project", None)  # the projection `export` appends, not part of the trained network
     known = {"backbone", "dim", "normalize", "backbone_params", "tta_shifts", "tta_rotations", "freeze", "members",
              "whiten", "tta_symmetries"}
     unknown = set(cfg) - known
     if unknown:
         raise ValueError(f"unknown model key(s) {sorted(unknown)}; "
-                         f"known: {sorted(known | {'preprocessing', 'pretrained'})}")
+                         f"known: {sorted(known | {'preprocessing', 'pretrained', 'project'})}")
     return Embedder(preprocessing=pre or {}, pretrained=pretrained, **cfg)
 
 

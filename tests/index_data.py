@@ -63,17 +63,16 @@ def cli_popen(*args: str) -> subprocess.Popen:
 
 def killed_at_batch(db: Path, args: Sequence[str], batch: int) -> dict:
     """Run `python -m metricsearch ARGS` until it SIGKILLs itself right after committing its `batch`-th batch
-    (the METRICSEARCH_STOP_AT hook: no race with the clock); the gallery's job state then."""
-    env = {**os.environ, "METRICSEARCH_STOP_AT": f"batch:{batch}"}
-    done = subprocess.run([sys.executable, "-m", "metricsearch", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    (workers/kill_at_step.py: no race with the clock); the gallery's job state then."""
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("workers") / "kill_at_step.py"),
+                           f"batch:{batch}", *args], capture_output=True, text=True, timeout=300)
     assert done.returncode == -9, (done.returncode, done.stderr)
     return job_state(db)
 
 
 def job_state(db: Path) -> dict:
     """The gallery's job counters, state and version, read through a read-only LMDB handle."""
-    from metricsearch.index.layout import Store
+    from metricsearch.index.lmdb_store import Store
 
     try:
         store = Store.open(db)

@@ -14,10 +14,9 @@ import pytest
 from metricsearch.index import autoindex, build_index
 from metricsearch.index.autoindex import candidate_lines, candidates, pick, pilot_seconds, simplicity
 from metricsearch.index.catalog import Catalog
-from metricsearch.index.faiss_index import (RERANK, build_index as build_factory, describe, index_ids,
-                                            recall_without_self,
+from metricsearch.index.faiss_index import (RERANK, describe, index_from_factory, index_ids, recall_without_self,
                                             reranked, rescored, tune, vectors_by_id)
-from metricsearch.index.layout import REMOVE, ItemRecord
+from metricsearch.index.lmdb_store import REMOVE, ItemRecord
 from metricsearch.index.state import IndexState
 
 
@@ -149,7 +148,7 @@ def test_every_candidate_holds_every_vector_ivf_with_an_hnsw_quantizer_among_the
 def test_tuning_gives_up_once_slower_than_a_bound_and_auto_prunes_such_candidates(monkeypatch) -> None:
     x = clustered(10_000)
     ids = np.arange(10_000, dtype=np.int64)
-    index, rows = build_factory(x, ids, "IVF256,Flat")
+    index, rows = index_from_factory(x, ids, "IVF256,Flat")
     held = np.setdiff1d(ids, rows)
     full = tune(index, x, ids, held, target=0.99)
     assert full["params"]["nprobe"] > 1 and full["ms_per_query"] > 0 and "gave_up" not in full

@@ -255,3 +255,30 @@ def test_a_new_backbone_drops_the_base_recipes_preprocessing() -> None:
     assert sized["preprocessing"] == {"size": 160}
     same = load_config(None, ["model.backbone=small_cnn", "model.dim=16"])["model"]
     assert same["preprocessing"]["size"] == 28 and same["dim"] == 16
+
+
+def test_input_paths_in_a_config_file_are_from_its_folder_outputs_and_overrides_from_the_current_one(tmp_path,
+                                                                                                      monkeypatch):
+    from PIL import Image
+
+    from metricsearch.data import load_split
+
+    sub = tmp_path / "sub"
+    for name in ("a", "b", "c", "d"):
+        (sub / "photos" / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new("L", (8, 8), 60 * i).save(sub / "photos" / name / f"{i}.png")
+    (sub / "recipe.yaml").write_text("dataset: folder:photos\nsplit_classes: 0.5\noutput_dir: runs\n"
+                                     "model: {pretrained: weights/net.pt}\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    config = load_config("../sub/recipe.yaml")
+    assert config["dataset"] == f"folder:{sub / 'photos'}"  # from the YAML's folder, not the current one
+    assert config["model"]["pretrained"] == str(sub / "weights" / "net.pt")
+    assert config["output_dir"] == "runs"  # an output: ./runs where the command runs
+    assert len(load_split(config["dataset"], split_classes=config["split_classes"]).train.class_names) == 2
+    overridden = load_config("../sub/recipe.yaml", ["dataset=folder:photos", "model.pretrained=imagenet"])
+    assert overridden["dataset"] == "folder:photos" and overridden["model"]["pretrained"] == "imagenet"  # --set: as is
+    (sub / "absolute.yaml").write_text(f"dataset: grocery:{tmp_path}/g#half1\nmodel: {{pretrained: imagenet}}\n")
+    config = load_config(sub / "absolute.yaml")
+    assert config["dataset"] == f"grocery:{tmp_path}/g#half1" and config["model"]["pretrained"] == "imagenet"

@@ -294,7 +294,7 @@ def test_omniglot_shared_data():
 def test_missing_path(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_split(f"folder:{tmp_path / 'nope'}", split_classes=0.5)
-    with pytest.raises(FileNotFoundError, match="--set download=true"):
+    with pytest.raises(FileNotFoundError, match="download: true"):
         load_split(f"cub200:{tmp_path / 'nope'}")
     with pytest.raises(FileNotFoundError, match="images.txt not found"):
         load_split(f"cub200:{tmp_path}")
@@ -345,7 +345,7 @@ def test_empty_class_folder_is_named(class_tree: Path):
 
 
 def test_folder_without_split(class_tree: Path):
-    with pytest.raises(ValueError, match="--split-classes"):
+    with pytest.raises(ValueError, match="pass split_classes=F"):
         load_split(f"folder:{class_tree}")
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from metricsearch.models.onnx_embedder import cuda_fallback_notice, cuda_provider_problem, select_providers
-from metricsearch.train.device import amp_dtype, memory_format, resolve_device
+from metricsearch.train.device import amp_dtype, resolve_device, tensor_layout
 
 
 def test_auto_device_follows_cuda_availability() -> None:
@@ -72,12 +72,12 @@ def test_amp_auto_on_cuda_prefers_bf16() -> None:
 
 def test_channels_last_is_on_for_cuda_and_where_asked() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert memory_format(cuda, "auto") is torch.channels_last
-    assert memory_format(cpu, "auto") is torch.contiguous_format
-    assert memory_format(cpu, True) is torch.channels_last
-    assert memory_format(cuda, False) is torch.contiguous_format
+    assert tensor_layout(cuda, "auto") is torch.channels_last
+    assert tensor_layout(cpu, "auto") is torch.contiguous_format
+    assert tensor_layout(cpu, True) is torch.channels_last
+    assert tensor_layout(cuda, False) is torch.contiguous_format
     with pytest.raises(ValueError, match="channels_last"):
-        memory_format(cpu, "yes")
+        tensor_layout(cpu, "yes")
 
 
 def test_the_trainer_lays_the_model_out_as_the_config_says() -> None:

@@ -76,7 +76,8 @@ def test_bad_shapes_are_refused() -> None:
 
 
 def test_per_average_precision_at_r_averages_to_map_at_r() -> None:
-    from metricsearch.evaluation.metrics import nearest, average_precision_at_r, retrieval_metrics, sq_distances
+    from metricsearch.evaluation.distances import sq_distances
+    from metricsearch.evaluation.metrics import average_precision_at_r, nearest, retrieval_metrics
 
     rng = np.random.default_rng(3)
     q, g = rng.normal(size=(40, 8)).astype(np.float32), rng.normal(size=(90, 8)).astype(np.float32)

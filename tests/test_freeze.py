@@ -79,7 +79,7 @@ def test_the_trunk_cache_holds_the_live_trunk_outputs_of_seeded_augmented_views(
     model = Embedder(LITE0, dim=8, preprocessing=GRAY32, freeze=4)
     images = load_split("digits").train.subset(list(range(40)))
     plain = ImageDataset(images, model.preprocessing)
-    cache = build_trunk_cache(model, plain, views=2, seed=0, device=torch.device("cpu"), batch_size=16)
+    cache = build_trunk_cache(model, plain, copies=2, seed=0, device=torch.device("cpu"), batch_size=16)
     model.eval()
     with torch.no_grad():
         live = model.trunk(torch.stack([plain[i][0] for i in range(len(plain))]))

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "grocery.yaml"
 
 
-def test_packaged_recipe_finds_the_shared_photos_from_the_repository_and_builds(grocery_dir, monkeypatch) -> None:
-    monkeypatch.chdir(REPO)  # packaged configs name ../shared relative to the repository root
+def test_packaged_recipe_finds_the_shared_photos_from_any_folder_and_builds(grocery_dir, monkeypatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)  # the recipe names ../../shared from its own folder, configs/
     config = typed_config(load_config(RECIPE))
     split = load_split(config.dataset, split=config.split)
     assert len(split.train.class_names) == 41 and len(split.test) == 0  # the final fit: every class trains

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from metricsearch.train.heap import has_glibc, keep_heap
+from metricsearch.train.glibc_heap import has_glibc, keep_heap
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -20,7 +20,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 #: and with it off
 PROBE = """
 import ctypes, sys, torch
-from metricsearch.train.heap import kept_heap
+from metricsearch.train.glibc_heap import kept_heap
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",

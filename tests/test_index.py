@@ -145,7 +145,7 @@ def test_verify_says_what_disagrees(built, tmp_path, capsys) -> None:
     db = copy_of(built, tmp_path)
     assert main(["index", "verify", "--db", str(db)]) == 0
     (db / "model.onnx").write_bytes((db / "model.onnx").read_bytes() + b"\0")
-    from metricsearch.index.layout import Store, id_key
+    from metricsearch.index.lmdb_store import Store, id_key
 
     store = Store.open(db, writable=True)
     store.write(lambda txn: txn.delete(id_key(7), db=store.dbs["embeddings"]))

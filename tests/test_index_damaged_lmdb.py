@@ -6,6 +6,7 @@ reported as damage: an id no item can have is "no item", a healthy file whose fr
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import struct
@@ -22,7 +23,7 @@ from PIL import Image
 
 from metricsearch.app.cli import main
 from metricsearch.index import Gallery, add_images, build_gallery, verify_gallery
-from metricsearch.index.layout import LMDB_DIR, Store
+from metricsearch.index.lmdb_store import LMDB_DIR, WALKED, Store
 
 # `index verify`, `index info` and `search` as the console script runs them, then `Gallery.open` as `serve` does
 # first, one after the other in one process (one interpreter start for the four): a marker line on stderr before
@@ -30,7 +31,7 @@ from metricsearch.index.layout import LMDB_DIR, Store
 COMMANDS = """import sys
 from metricsearch.app.cli import main
 from metricsearch.index import Gallery
-from metricsearch.index.layout import DamagedGallery
+from metricsearch.index.lmdb_store import DamagedGallery
 db, query = sys.argv[1:]
 for args in (["index", "verify", "--db", db], ["index", "info", "--db", db], ["search", "--db", db, "--image", query]):
     print(f"--- command: {args[0] if args[0] == 'search' else args[1]}", file=sys.stderr, flush=True)
@@ -276,3 +277,19 @@ def test_a_job_that_changes_a_damaged_gallery_says_so_in_one_line(gallery, tmp_p
     db = damaged_copy(gallery, tmp_path, "zeroed page 5")  # LMDB aborts on this page (SIGABRT) when it reads it
     done = cli("index", "rebuild", "--db", str(db), timeout=HANG_S)
     assert done.returncode == 2 and "data.mdb is damaged" in one_line(done.stderr), done.stderr
+
+
+def test_an_unchanged_file_is_walked_once_and_damage_written_since_is_still_found(gallery, tmp_path) -> None:
+    db = tmp_path / "g"
+    shutil.copytree(gallery["db"], db)
+    marker, data = db / LMDB_DIR / WALKED, db / LMDB_DIR / "data.mdb"
+    marker.unlink(missing_ok=True)
+    Gallery.open(db).close()
+    state = json.loads(marker.read_text())
+    assert state["size"] == data.stat().st_size and state["mtime_ns"] == data.stat().st_mtime_ns
+    assert state["inode"] == data.stat().st_ino and state["txnid"] > 0
+    raw = data.read_bytes()
+    data.write_bytes(DAMAGE["zeroed page 5"](raw, {**lmdb_layout(raw), **gallery}))  # in place: the same inode
+    code, _, err = run(["-c", "import sys\nfrom metricsearch.index import Gallery\nGallery.open(sys.argv[1])", str(db)])
+    assert code == 1 and f"{data} is damaged" in err.strip().splitlines()[-1], err[-2000:]
+    assert json.loads(marker.read_text()) == state  # a failed walk leaves the marker of the whole file it had

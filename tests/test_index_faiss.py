@@ -12,11 +12,11 @@ import pytest
 from metricsearch.index.catalog import Catalog
 from metricsearch.index.faiss_files import load_index, save_index
 from metricsearch.index import faiss_index
-from metricsearch.index.faiss_index import (build_index, choose_index, describe, gpu_plan, index_ids, make_index,
-                                            memory_bytes, recall_without_self, select_device, set_param, to_device,
-                                            tune)
+from metricsearch.index.faiss_index import (choose_index, describe, gpu_plan, index_from_factory, index_ids,
+                                            make_index, memory_bytes, recall_without_self, select_device, set_param,
+                                            to_device, tune)
 from metricsearch.index.state import net_changes
-from metricsearch.index.layout import ADD, REMOVE, ItemRecord
+from metricsearch.index.lmdb_store import ADD, REMOVE, ItemRecord
 
 
 def clustered(n: int, dim: int = 32, clusters: int = 200, spread: float = 0.35, draw: int = 0) -> np.ndarray:
@@ -103,7 +103,7 @@ def test_auto_choice_by_gallery_size_and_memory() -> None:
 @pytest.mark.parametrize("request_", ["ivf", "hnsw"])
 def test_tuning_reaches_the_recall_target_with_the_smallest_setting(request_, vectors) -> None:
     ids = np.arange(10, 10 + len(vectors), dtype=np.int64) * 3
-    index, rows = build_index(vectors, ids, choose_index(len(vectors), 32, request_).factory)
+    index, rows = index_from_factory(vectors, ids, choose_index(len(vectors), 32, request_).factory)
     result = tune(index, vectors, ids, np.setdiff1d(np.arange(len(vectors)), rows), seed=1)
     (name, value), = result["params"].items()
     assert name == ("nprobe" if request_ == "ivf" else "efSearch")
@@ -120,7 +120,7 @@ def test_tuning_reaches_the_recall_target_with_the_smallest_setting(request_, ve
 
 def test_nprobe_reaches_every_list_through_an_hnsw_quantizer(vectors) -> None:
     ids = np.arange(len(vectors), dtype=np.int64)
-    index, _ = build_index(vectors, ids, "IVF500_HNSW32,Flat")
+    index, _ = index_from_factory(vectors, ids, "IVF500_HNSW32,Flat")
     set_param(index, "nprobe", 500)  # every list: exact search (with the quantizer's efSearch at 16 it was not)
     queries = clustered(200, draw=5)
     exact = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1]
@@ -131,9 +131,9 @@ def test_nprobe_reaches_every_list_through_an_hnsw_quantizer(vectors) -> None:
 
 def test_exact_and_untunable_indexes(vectors) -> None:
     ids = np.arange(len(vectors), dtype=np.int64)
-    flat, _ = build_index(vectors[:2000], ids[:2000], "IDMap,Flat")
+    flat, _ = index_from_factory(vectors[:2000], ids[:2000], "IDMap,Flat")
     assert tune(flat, vectors[:2000], ids[:2000])["params"] == {}
-    pq, _ = build_index(vectors[:4000], ids[:4000], choose_index(4000, 32, "ivfpq", memory=2**30).factory)
+    pq, _ = index_from_factory(vectors[:4000], ids[:4000], choose_index(4000, 32, "ivfpq", memory=2**30).factory)
     result = tune(pq, vectors[:4000], ids[:4000])
     assert {"params", "recall_at_10", "target", "queries", "items"} <= set(result) and "nprobe" in result["params"]
 
@@ -144,7 +144,7 @@ def test_ids_and_removal_for_every_kind(vectors) -> None:
     expect = {"IDMap,Flat": ("flat", True, True), "IVF32,Flat": ("ivf", False, True),
               "IVF32,PQ8x4np": ("ivfpq", False, True), "IDMap,HNSW32": ("hnsw", False, False)}
     for factory, (kind, exact, removable) in expect.items():
-        index, _ = build_index(x, ids, factory)
+        index, _ = index_from_factory(x, ids, factory)
         info = describe(index)
         assert (info["kind"], info["exact"], info["removable"]) == (kind, exact, removable), factory
         assert index_ids(index).tolist() == ids.tolist()
@@ -155,7 +155,7 @@ def test_ids_and_removal_for_every_kind(vectors) -> None:
 
 def test_saved_index_files_newest_wins_and_old_ones_go(tmp_path, vectors) -> None:
     ids = np.arange(500, dtype=np.int64)
-    index, _ = build_index(vectors[:500], ids, "IDMap,Flat")
+    index, _ = index_from_factory(vectors[:500], ids, "IDMap,Flat")
     assert load_index(tmp_path) is None
     save_index(tmp_path, index, {"version": 3, "generation": 1, "note": "old"})
     (tmp_path / "index" / "000000000009-000001.faiss.tmp").write_bytes(b"half written")
@@ -183,7 +183,7 @@ def test_change_log_replay_and_catalog() -> None:
 
 
 def test_lmdb_map_grows_by_itself_and_readers_follow(tmp_path) -> None:
-    from metricsearch.index.layout import Store
+    from metricsearch.index.lmdb_store import Store
 
     store = Store.open(tmp_path, writable=True)
     try:

@@ -15,7 +15,9 @@ from index_data import cli, job_state, one_line, write_flat_folder
 
 from metricsearch.app.cli import main
 from metricsearch.index import Gallery, build_gallery, verify_gallery
-from metricsearch.index.steps import BUILD_STEPS, STOP_ENV
+from metricsearch.index.build_steps import BUILD_STEPS
+
+KILLER = Path(__file__).with_name("workers") / "kill_at_step.py"
 
 
 def build_args(model: Path, images: str, db: Path, *extra: str) -> list[str]:
@@ -24,9 +26,8 @@ def build_args(model: Path, images: str, db: Path, *extra: str) -> list[str]:
 
 
 def killed_at(step: str, args: list[str]) -> subprocess.CompletedProcess:
-    """`metricsearch ARGS` run with the hook that SIGKILLs it when the build reaches `step`."""
-    return subprocess.run([sys.executable, "-m", "metricsearch", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, STOP_ENV: step})
+    """`metricsearch ARGS` run in a process that SIGKILLs itself when the build reaches `step` (STEP or STEP:N)."""
+    return subprocess.run([sys.executable, str(KILLER), step, *args], capture_output=True, text=True, timeout=300)
 
 
 def test_a_build_killed_at_every_step_recovers_to_exactly_the_clean_gallery(digits_onnx, tmp_path) -> None:

@@ -15,7 +15,7 @@ from index_data import cli, cli_popen, killed_at_batch, report, write_flat_folde
 from PIL import Image
 
 from metricsearch.index import Gallery, add_images, build_gallery, edit_gallery, evaluate_gallery, verify_gallery
-from metricsearch.index.layout import ADD, Store
+from metricsearch.index.lmdb_store import ADD, Store
 
 
 def noise_photo(seed: int, size: tuple[int, int] = (64, 48)) -> Image.Image:

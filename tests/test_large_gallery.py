@@ -20,7 +20,7 @@ from metricsearch.app.cli import main
 from metricsearch.index import Gallery, build_index, gallery_info
 from metricsearch.index.faiss_index import recall_without_self
 from metricsearch.index.jobs import _create, build_faiss
-from metricsearch.index.layout import Store
+from metricsearch.index.lmdb_store import Store
 from metricsearch.index.pipeline import ReadItem, ReadSettings
 from metricsearch.index.writer import GalleryWriter, job_record
 from metricsearch.models import OnnxEmbedder

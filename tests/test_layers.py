@@ -1,8 +1,10 @@
-"""The serving side runs without torch or train/: imports flow app -> index -> (train) -> models -> data, evaluation."""
+"""The serving side runs without torch or train/: imports flow app -> index -> (train) -> models -> data, evaluation,
+with no cycle; renamed modules keep their old paths as deprecated aliases."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -14,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: modules that must never import torch or metricsearch.train (directly or through their imports)
 TORCH_FREE = ["metricsearch.data", "metricsearch.evaluation", "metricsearch.models",
-              "metricsearch.models.onnx_embedder", "metricsearch.models.batches", "metricsearch.index",
+              "metricsearch.models.onnx_embedder", "metricsearch.models.image_set_embedding", "metricsearch.index",
               "metricsearch.app.cli", "metricsearch.app.web"]
 #: which layers each layer may import
 ALLOWED = {
@@ -26,6 +28,7 @@ ALLOWED = {
     "app": {"app", "index", "train", "models", "data", "evaluation"},
 }
 SHARED_TOP = {"registry", "errors"}
+NOT_SHIPPED = {"tests", "bench", "build"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -54,6 +57,113 @@ def test_layer_imports_only_the_layers_below(layer: str) -> None:
         if layer in ("data", "evaluation", "index") and any(m.split(".")[0] == "torch" for m in _imports(path)):
             wrong.append(f"{path.relative_to(REPO)} imports torch")
     assert not wrong, "\n".join(wrong)
+
+
+def _module_names() -> dict[str, Path]:
+    """Every shipped module (metricsearch.*, tests and bench aside) and its file."""
+    names = {}
+    for path in sorted(REPO.rglob("*.py")):
+        rel = path.relative_to(REPO)
+        in_packages = all((folder / "__init__.py").is_file() for folder in path.parents if REPO in folder.parents)
+        if rel.parts[0] in NOT_SHIPPED or rel == Path("setup.py") or not in_packages:
+            continue
+        parts = ("metricsearch", *rel.with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def import_edges(module: str, source: str, is_package: bool, known: set[str]) -> set[str]:
+    """The metricsearch modules that `module` imports anywhere in `source` (function-local imports too, relative
+    ones resolved), each with the packages above it (importing a.b.c runs a and a.b first); a package's own
+    submodules, which its __init__ imports to re-export them, are left out of its edges."""
+    package = module if is_package else module.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from .x (level 1: this package), from ..x (level 2: the one above), ...
+                above = package.rsplit(".", node.level - 1)[0]
+                base = f"{above}.{base}" if base else above
+            targets |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names}
+    edges = set()
+    for target in targets:
+        parts = target.split(".")
+        edges |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known
+    return {e for e in edges if e != module and not (is_package and e.startswith(module + "."))}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of `graph` as the modules along it (the first one again at the end), or [] when it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return []
+
+
+def import_graph(sources: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """module -> the metricsearch modules it imports, from the files (or from `sources`' text for the modules
+    it names)."""
+    names = _module_names()
+    known = set(names)
+    return {module: import_edges(module, (sources or {}).get(module) or path.read_text(),
+                                 path.name == "__init__.py", known)
+            for module, path in names.items()}
+
+
+def test_no_import_cycle_counting_function_local_imports() -> None:
+    cycle = find_cycle(import_graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_function_local_import_cycle() -> None:
+    local = "def evaluate():\n    from metricsearch.evaluation.metrics import retrieval_metrics\n"
+    cycle = find_cycle(import_graph({"metricsearch.evaluation.distances": local}))
+    assert cycle[0] == cycle[-1] and "metricsearch.evaluation.distances" in cycle, cycle
+
+
+#: old module path -> (its new path, a name both give)
+RENAMED = {"metricsearch.index.layout": ("metricsearch.index.lmdb_store", "Store"),
+           "metricsearch.index.steps": ("metricsearch.index.build_steps", "BUILD_STEPS"),
+           "metricsearch.evaluation.text": ("metricsearch.evaluation.metrics_text", "format_metrics"),
+           "metricsearch.models.batches": ("metricsearch.models.image_set_embedding", "embed_image_set")}
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_an_old_module_path_warns_and_gives_the_new_modules_objects(old: str, monkeypatch) -> None:
+    new, name = RENAMED[old]
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=new):
+        module = importlib.import_module(old)
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)
+
+
+def test_old_function_names_warn_and_give_the_new_functions() -> None:
+    from metricsearch.evaluation import distances, metrics
+    from metricsearch.index import faiss_index
+
+    with pytest.warns(DeprecationWarning, match="index_from_factory"):
+        assert faiss_index.build_index is faiss_index.index_from_factory
+    with pytest.warns(DeprecationWarning, match="distances"):
+        assert metrics.normalized is distances.normalized
+    with pytest.raises(AttributeError):
+        faiss_index.no_such_name
 
 
 def _run_without_torch(code: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import torch
 
 from metricsearch.train.context import TrainContext
 from metricsearch.train.losses import Mined, build
-from metricsearch.train.losses.dro import KLWeighting, TopKPNWeighting, TopKWeighting
+from metricsearch.train.weightings.dro import KLWeighting, TopKPNWeighting, TopKWeighting
 
 LABELS = {
     "balanced": [0, 1, 2, 0, 1, 2, 0, 1, 2],

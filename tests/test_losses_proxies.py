@@ -12,8 +12,10 @@ import torch
 from torch import Tensor
 
 from metricsearch.train.losses import ProxyLoss, build, learns_proxies, names
-from metricsearch.train.sampling import build_miner, build_sampler, build_weighting
-from metricsearch.train.sampling.compat import check_compatible
+from metricsearch.train.components import check_compatible
+from metricsearch.train.miners import build_miner
+from metricsearch.train.samplers import build_sampler
+from metricsearch.train.weightings import build_weighting
 
 PROXY_LOSSES = ["arcface", "cosface", "normsoftmax", "proxy_anchor", "proxy_nca", "soft_triple"]
 CLASSES, DIM = 5, 6
@@ -386,7 +388,7 @@ def test_tensorboard_draws_no_proxy_pairs_of_held_out_classes(tmp_path) -> None:
     pytest.importorskip("tensorboard")
     from metricsearch.data import load_split
     from metricsearch.models.torch_embedder import build_embedder
-    from metricsearch.train.board import Board
+    from metricsearch.train.tensorboard_log import Board
 
     torch.manual_seed(0)
     model, loss = build_embedder({"backbone": "small_cnn", "dim": 8}), build("arcface", num_classes=2, embedding_dim=8)

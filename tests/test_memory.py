@@ -11,7 +11,7 @@ from torch import Tensor
 
 from metricsearch.app.cli import main
 from metricsearch.train.losses import build
-from metricsearch.train.memory import CrossBatchMemory
+from metricsearch.train.cross_batch_memory import CrossBatchMemory
 from metricsearch.train.trainer import train
 from test_losses_lse import EPS, cosine
 from test_pipeline import quick_config

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from metricsearch.train.losses.base import Mined, label_masks
 from metricsearch.train.losses.ms import ms_mine
-from metricsearch.train.sampling import MINERS, build_miner
-from metricsearch.train.sampling.distance_weighted import log_sphere_distance_density
+from metricsearch.train.miners import MINERS, build_miner
+from metricsearch.train.miners.distance_weighted import log_sphere_distance_density
 
 
 def batch(b: int = 32, dim: int = 16, per_class: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from metricsearch.data import load_split
 from metricsearch.evaluation import evaluate_model
 from metricsearch.evaluation.run import evaluate_split
 from metricsearch.models.torch_embedder import Embedder, build_embedder, load_embedder
-from metricsearch.train import trainer
+from metricsearch.train import scoring
 from metricsearch.train.config import load_config, typed_config
 from metricsearch.train.trainer import RunState, build_setup, closing_lines, train
 
@@ -61,7 +61,7 @@ def test_best_pt_is_chosen_on_the_validation_classes_and_the_test_classes_are_sc
         evaluated.append({split.test.class_names[k] for k in set(split.test.labels)})
         return evaluate_split(embed, split, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "evaluate_split", recorded)
+    monkeypatch.setattr(scoring, "evaluate_split", recorded)
     result = train(config, progress=False)
     assert evaluated == [parts[1]] * 3 + [parts[2]]  # the test classes once, after the last epoch
     rows = _rows(result.run_dir)

@@ -65,3 +65,26 @@ def test_bad_projection_requests_exit_2_in_one_line_and_write_nothing(digits_run
                           capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_config_key_model_project_is_what_export_appends(tmp_path: Path) -> None:
+    from metricsearch.train.config import load_config
+    from metricsearch.train.trainer import train
+
+    config = load_config("digits", ["model.project={dim: 16, whiten: true}", "epochs=1", "batches_per_epoch=2",
+                                    f"output_dir={tmp_path}", "name=projected"])
+    run_dir = train(config, progress=False).run_dir
+    dims = {}
+    for name, extra in (("config", []), ("none", ["--dim", "0"]), ("flag", ["--dim", "8"])):
+        done = subprocess.run([sys.executable, "-m", "metricsearch", "export", str(run_dir), "--out",
+                               str(tmp_path / f"{name}.onnx"), *extra], capture_output=True, text=True, timeout=TIMEOUT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        dims[name] = json.loads(done.stdout)["embedding_dim"]
+    assert dims == {"config": 16, "none": 128, "flag": 8}
+    recorded = json.loads(OnnxEmbedder(tmp_path / "config.onnx").metadata["projection"])
+    assert recorded["whiten"] and recorded["fit_on"].startswith("the run's training images (")
+    assert "projection" not in OnnxEmbedder(tmp_path / "none.onnx").metadata
+    bad = subprocess.run([sys.executable, "-m", "metricsearch", "train", "--config", "digits", "--set",
+                          "model.project={dim: 128}", f"output_dir={tmp_path}"], capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert bad.returncode == 2 and "model.project.dim (128) must be below model.dim (128)" in bad.stderr, bad.stderr

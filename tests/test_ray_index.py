@@ -16,7 +16,7 @@ from index_data import cli, job_state, killed_at_batch, report, unique_digits, w
 from metricsearch.index import BuildOptions, Gallery, build_gallery, build_index, verify_gallery
 from metricsearch.index.autoindex import NITER, candidates
 from metricsearch.index.faiss_index import index_ids, recall_without_self
-from metricsearch.index.layout import Store
+from metricsearch.index.lmdb_store import Store
 from metricsearch.index.ray_engine import cluster_actors
 from metricsearch.index.sharded_build import build_index_on_ray, default_shards, sharded_choice, unshardable
 

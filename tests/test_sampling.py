@@ -8,11 +8,13 @@ import torch
 
 from metricsearch.train import losses
 from metricsearch.train.losses.base import PairLoss
-from metricsearch.train.sampling import SAMPLERS, build_miner, build_sampler, build_weighting
-from metricsearch.train.sampling.base import Design, LabelBatchSampler
-from metricsearch.train.sampling.compat import check_compatible
-from metricsearch.train.sampling.group import q_group
-from metricsearch.train.sampling.p_random import q_p_random
+from metricsearch.train.components import check_compatible
+from metricsearch.train.miners import build_miner
+from metricsearch.train.samplers import SAMPLERS, build_sampler
+from metricsearch.train.samplers.base import Design, LabelBatchSampler
+from metricsearch.train.samplers.group import q_group
+from metricsearch.train.samplers.p_random import q_p_random
+from metricsearch.train.weightings import build_weighting
 
 COUNTS = [2, 3, 5, 8]  # small unbalanced training set: 4 classes, 18 images
 LABELS = np.repeat(np.arange(len(COUNTS)), COUNTS)

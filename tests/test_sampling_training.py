@@ -9,7 +9,7 @@ import pytest
 
 from metricsearch.evaluation import evaluate_model
 from metricsearch.models.torch_embedder import build_embedder
-from metricsearch.train import sampling
+from metricsearch.train import miners, samplers, weightings
 from metricsearch.train.config import load_config
 from metricsearch.train.trainer import seed_everything, train
 
@@ -61,7 +61,7 @@ def untrained_recall_at_1(tmp_path_factory: pytest.TempPathFactory) -> float:
 
 def test_every_component_is_covered() -> None:
     text = " ".join(" ".join(v) for v in [*COMBOS.values(), SUPER_CLASS])
-    for name in sampling.SAMPLERS.names() + sampling.MINERS.names() + sampling.WEIGHTINGS.names():
+    for name in samplers.SAMPLERS.names() + miners.MINERS.names() + weightings.WEIGHTINGS.names():
         assert f"name: {name}" in text or f"name={name}" in text, name
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("tensorboard")
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from metricsearch.train.board import scalars  # noqa: E402
+from metricsearch.train.tensorboard_log import scalars  # noqa: E402
 from metricsearch.train.config import load_config  # noqa: E402
 from metricsearch.train.trainer import train  # noqa: E402
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import os
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal, get_args
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
-                      field_validator)
+                      field_validator, model_validator)
 
 from metricsearch.models.backbones import BACKBONES, parse_backbone
 from metricsearch.models.device import check_device
@@ -21,7 +22,9 @@ from metricsearch.train.augment import AUGMENT_CONTEXT, AUGMENTATIONS
 from metricsearch.train.context import CONTEXT_KEYS
 from metricsearch.train.losses import LOSSES, learns_proxies
 from metricsearch.train.optim import OPTIMIZERS, SCHEDULES
-from metricsearch.train.sampling import MINERS, SAMPLERS, WEIGHTINGS
+from metricsearch.train.miners import MINERS
+from metricsearch.train.samplers import SAMPLERS
+from metricsearch.train.weightings import WEIGHTINGS
 
 #: the packaged recipes (configs/NAME.yaml), found by NAME from any folder
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -97,6 +100,13 @@ class PreprocessingKeys(Section):
 Symmetry = Literal[tuple(SYMMETRIES)]  # type: ignore[valid-type]
 
 
+class ProjectionConfig(Section):
+    """The `model.project` section: a PCA projection that `export` appends, fit on the run's training images."""
+
+    dim: Count  # the exported embedding's dimension (docs/photos.md: 256 of 1280 loses nothing measurable)
+    whiten: bool = False  # divide each principal direction by its standard deviation
+
+
 class ModelConfig(Section):
     """The `model` section: the embedder's architecture and its input preprocessing."""
 
@@ -117,6 +127,15 @@ class ModelConfig(Section):
     members: Count = 1
     # P in (0, 1]: after training, the embedding is whitened by the training images' within-class scatter ** -P
     whiten: Annotated[float, Field(ge=0.0, le=1.0, strict=True)] = 0.0
+    # export appends a PCA projection to project.dim dimensions (`export --dim` overrides; --dim 0: none)
+    project: ProjectionConfig | None = None
+
+    @model_validator(mode="after")
+    def _projection_smaller(self) -> "ModelConfig":
+        """model.project.dim below the embedding's dimension, where the config fixes it."""
+        if self.project is not None and self.dim is not None and self.project.dim >= self.dim:
+            raise ValueError(f"model.project.dim ({self.project.dim}) must be below model.dim ({self.dim})")
+        return self
 
 
 class EvalConfig(Section):
@@ -165,7 +184,7 @@ class EmaConfig(Section):
 class LoggingConfig(Section):
     """The `logging` section: where a run's numbers go besides metrics.jsonl."""
 
-    tensorboard: bool = False  # true: TensorBoard event files in RUN_DIR/tensorboard/ (train/board.py)
+    tensorboard: bool = False  # true: TensorBoard event files in RUN_DIR/tensorboard/ (train/tensorboard_log.py)
 
 
 class TrainConfig(Section):
@@ -201,7 +220,7 @@ class TrainConfig(Section):
     keep_heap: Annotated[Literal["auto"] | bool, BeforeValidator(_auto_or_bool)] = "auto"
     num_workers: Annotated[int, _at_least(0)] = 0
     cache_images: bool = True
-    # V > 0 (with model.freeze): the frozen trunk's outputs for V augmented views of each training image are
+    # V > 0 (with model.freeze): the frozen trunk's outputs for V augmented copies of each training image are
     # computed once, before the first epoch; every step then runs only the trainable rest on one of them
     trunk_cache: Annotated[int, _at_least(0)] = 0
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
@@ -307,7 +326,8 @@ def config_path(name_or_path: str | Path) -> Path:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The mapping a YAML config file holds; a one-line ValueError naming the file where it holds none."""
+    """The mapping a YAML config file holds, its input paths made absolute from the file's folder
+    (`resolve_input_paths`); a one-line ValueError naming the file where it holds none."""
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
@@ -319,7 +339,31 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ValueError(f"config file {path} must hold a YAML mapping of config keys, got {type(loaded).__name__} "
                          f"{_short(loaded)}")
-    return loaded
+    return resolve_input_paths(loaded, path.absolute().parent)
+
+
+def resolve_input_paths(values: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`values` with the relative paths of the keys that read files (a `dataset` spec's PATH, a weights file in
+    `model.pretrained`) made absolute from `folder`, as a config file's are from its own folder; the keys
+    a run writes to (`output_dir`) stay relative to the current folder, as `--set` values all do."""
+    out = copy.deepcopy(values)
+    dataset = out.get("dataset")
+    if isinstance(dataset, str):
+        kind, sep, spec_path = dataset.partition(":")  # KIND:PATH; digits and the embedded omniglot have no PATH
+        if sep and spec_path.strip():
+            out["dataset"] = f"{kind}:{_from_folder(folder, spec_path.strip())}"
+    model = out.get("model")
+    if isinstance(model, dict) and isinstance(model.get("pretrained"), str) \
+            and model["pretrained"] not in ("", "imagenet"):
+        model["pretrained"] = _from_folder(folder, model["pretrained"])
+    return out
+
+
+def _from_folder(folder: Path, path: str) -> str:
+    """`path` as it is where absolute (or from the home folder, ~), else joined to `folder` and normalised."""
+    if Path(path).expanduser().is_absolute():
+        return path
+    return os.path.normpath(folder / path)
 
 
 def _defaults() -> dict[str, Any]:
@@ -335,7 +379,11 @@ DEFAULTS: dict[str, Any] = _defaults()
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """The resolved, validated config: defaults, the YAML file (a path or a packaged name), each override in order."""
+    """The resolved, validated config: defaults, the YAML file (a path or a packaged name), each override in order.
+
+    Relative input paths in the file (a data set spec's PATH, a `model.pretrained` weights file) are from the file's
+    folder, as a CSV list's image paths are from the CSV's; `output_dir` and every `overrides` value (`--set`) are
+    from the current folder."""
     config = copy.deepcopy(DEFAULTS)
     if path is not None:
         config = deep_merge(config, read_config_file(config_path(path)))

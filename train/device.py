@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import platform
+from typing import Any
 
 import torch
 
 from metricsearch.models.device import check_device
+from metricsearch.train.deprecated_aliases import renamed_attribute
 
 log = logging.getLogger("metricsearch.train")
 
@@ -25,7 +27,7 @@ def resolve_device(name: str = "auto", cuda_available: bool | None = None) -> to
     return torch.device(name)
 
 
-def memory_format(device: torch.device, setting: str | bool = "auto") -> torch.memory_format:
+def tensor_layout(device: torch.device, setting: str | bool = "auto") -> torch.memory_format:
     """The layout of the weights and batches: channels-last where asked (`auto`: on CUDA only), else contiguous."""
     if setting not in ("auto", True, False):
         raise ValueError(f"channels_last must be auto, true or false, got {setting!r}")
@@ -65,3 +67,8 @@ def amp_dtype(device: torch.device, setting: str = "auto", cpu_bf16: bool | None
             return None
         return torch.bfloat16
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names: `memory_format` is now `tensor_layout` (goes in the next release)."""
+    return renamed_attribute(__name__, name, {"memory_format": f"{__name__}.tensor_layout"})

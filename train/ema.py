@@ -3,10 +3,13 @@ takes the weights' place when those epochs end."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from metricsearch.train.hooks import Hook
 
 
 class WeightAverage:
@@ -43,3 +46,25 @@ class WeightAverage:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` gave."""
         self.average.load_state_dict(state)
+
+
+class EmaHook(Hook):
+    """The `ema` section in a run: the average folds in the weights after each step of the run's own `epochs`,
+    takes their place when those epochs end, and is kept in each checkpoint (`ema`)."""
+
+    def __init__(self, model: nn.Module, average: WeightAverage, epochs: int) -> None:
+        self.model, self.average, self.epochs = model, average, epochs
+
+    def restore(self, checkpoint: dict[str, Any], run_dir: Path) -> None:
+        self.average.load_state_dict(checkpoint["ema"])
+
+    def on_step_end(self, epoch: int, step: int) -> None:
+        if epoch < self.epochs:
+            self.average.update(self.model, step)
+
+    def on_epoch_end(self, epoch: int, row: dict[str, Any]) -> None:
+        if epoch + 1 == self.epochs:
+            self.average.apply(self.model)
+
+    def checkpoint(self) -> dict[str, Any]:
+        return {"ema": self.average.state_dict()}

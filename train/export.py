@@ -20,7 +20,7 @@ from metricsearch.errors import MetricsearchError
 from metricsearch.data import load_image_set
 from metricsearch.models.torch_embedder import Embedder, load_checkpoint, resolve_checkpoint
 from metricsearch.models.onnx_embedder import METADATA_PREFIX, OnnxEmbedder
-from metricsearch.train.runs import run_split, sample_batch
+from metricsearch.train.checkpoint_data import run_split, sample_batch
 from metricsearch.train.projection import Projected, projected
 from metricsearch.train.whitening import change_views
 
@@ -89,7 +89,8 @@ def export_onnx(
     views: fewer make a faster graph; a whitened run's matrix is fit again on its training images for other shifts
     or rotations. `dim` appends a PCA projection to that many dimensions (whitened with `whiten_projection`),
     re-normalised, fit on the images of the spec `fit_images` (default: a run's training images); the file's
-    metadata `projection` says what it was fit on.
+    metadata `projection` says what it was fit on. A run whose config has `model.project` gets that projection
+    unless `dim` is given; `dim=0`: none.
     An existing `out` is replaced only with `overwrite`; its folder must exist."""
     import onnx
 
@@ -99,6 +100,9 @@ def export_onnx(
         source = source or str(resolve_checkpoint(model))
         model, state = load_checkpoint(model)
         own_split = functools.cache(lambda: run_split(state))  # loaded once, and only when needed
+        project = (state.get("config", {}).get("model") or {}).get("project")
+        if dim is None and project:
+            dim, whiten_projection = project["dim"], project.get("whiten", False)
         if batch is None:
             split = own_split() if dataset is None else run_split(state, dataset)
             batch = sample_batch(model.preprocessing, split.test if len(split.test) else split.train, batch_size)
@@ -110,7 +114,7 @@ def export_onnx(
     if views:
         change_views(model, None if in_memory else lambda: own_split().train, views.get("tta_shifts"),
                      views.get("tta_rotations"), views.get("tta_symmetries"))
-    if dim is not None:
+    if dim:
         if fit_images is None and in_memory:
             raise ValueError("--dim needs --fit-images SPEC: the images whose embeddings the projection is fit on")
         images = load_image_set(fit_images) if fit_images is not None else own_split().train

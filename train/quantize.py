@@ -13,7 +13,7 @@ import numpy as np
 from metricsearch.data import ImageSet, load_image_set
 from metricsearch.models.onnx_embedder import OnnxEmbedder, cpu_flags, int8_problem
 from metricsearch.train.export import ExportError, add_metadata, check_out
-from metricsearch.train.runs import sample_batch
+from metricsearch.train.checkpoint_data import sample_batch
 
 
 @dataclass

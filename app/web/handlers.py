@@ -31,7 +31,7 @@ from PIL import Image
 from metricsearch.app.web.batching import Coalescer
 from metricsearch.app.web.uploads import uploaded_file
 from metricsearch.data import UnreadableImageError, pixel_count
-from metricsearch.evaluation.metrics import normalized
+from metricsearch.evaluation.distances import normalized
 from metricsearch.evaluation.report import class_table, rank, worst_queries
 from metricsearch.index import Gallery, ReadSettings, labelled_items
 from metricsearch.index.pipeline import decode as read_image

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import torch
 
-from metricsearch.train import losses, sampling
+from metricsearch.train import losses, weightings
 from metricsearch.train.distributed import average_gradients, gather_batch, init_distributed, shutdown
 
 #: (name, loss factory, weighting factory) as tests/test_distributed.py rebuilds them
 CASES = {
     "ms": (lambda: losses.build("ms"), lambda: None),
     "margin_learned": (lambda: losses.build("margin", beta_mode="learned", nu=0.01), lambda: None),
-    "contrastive_dro_kl": (lambda: losses.build("contrastive"), lambda: sampling.build_weighting("dro_kl")),
+    "contrastive_dro_kl": (lambda: losses.build("contrastive"), lambda: weightings.build_weighting("dro_kl")),
     "proxy_anchor": (lambda: losses.build("proxy_anchor", num_classes=4, embedding_dim=16), lambda: None),
     "soft_triple": (lambda: losses.build("soft_triple", num_classes=4, embedding_dim=16, centers_per_class=2),
                     lambda: None),

@@ -10,7 +10,8 @@ from metricsearch.train.losses import (  # noqa: F401  # each module registers i
     arcface, binomial, contrastive, cosface, dro, ice, lifted, margin, ms, normsoftmax, npair, proxy_anchor, proxy_nca,
     soft_triple, triplet,
 )
-from metricsearch.train.losses.base import MetricLoss, Mined, PairLoss, Weighting, label_masks, pair_masks
+from metricsearch.train.deprecated_aliases import renamed_attribute
+from metricsearch.train.losses.base import MetricLoss, Mined, PairLoss, label_masks, pair_masks
 from metricsearch.train.losses.proxies import ProxyLoss
 from metricsearch.train.losses.registry import LOSSES, register
 
@@ -31,5 +32,10 @@ def learns_proxies(name: str) -> bool:
     return isinstance(factory, type) and issubclass(factory, ProxyLoss)
 
 
-__all__ = ["LOSSES", "MetricLoss", "Mined", "PairLoss", "ProxyLoss", "Weighting", "build", "learns_proxies",
+def __getattr__(name: str) -> Any:
+    """Deprecated names: `Weighting` moved to metricsearch.train.weightings (goes in the next release)."""
+    return renamed_attribute(__name__, name, {"Weighting": "metricsearch.train.weightings.Weighting"})
+
+
+__all__ = ["LOSSES", "MetricLoss", "Mined", "PairLoss", "ProxyLoss", "build", "learns_proxies",
            "names", "register", "label_masks", "pair_masks"]

@@ -8,11 +8,16 @@ computed from `S = similarity(embeddings)` (or from the only block of S it reads
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from metricsearch.train.deprecated_aliases import renamed_attribute
+
+if TYPE_CHECKING:  # a type only: the weightings' package imports the losses (its DRO weightings use their helpers)
+    from metricsearch.train.weightings.base import Weighting
 
 
 @dataclass
@@ -27,11 +32,6 @@ class Mined:
     pos: Tensor | None = None
     neg: Tensor | None = None
     triplets: tuple[Tensor, Tensor, Tensor] | None = None
-
-
-# A weighting turns per-pair losses into the batch loss: (losses, pos, neg, labels) -> scalar.
-# `losses` is B x B, `pos` / `neg` are the B x B boolean masks of the pairs that count.
-Weighting = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def check_inputs(embeddings: Tensor, labels: Tensor) -> None:
@@ -243,3 +243,8 @@ class PairLoss(MetricLoss):
         if weighting is not None:
             return weighting(losses, pos, neg, labels)
         return self.weigh(losses, pos, neg, labels, indices)
+
+
+def __getattr__(name: str) -> Any:
+    """Deprecated names: `Weighting` moved to metricsearch.train.weightings (goes in the next release)."""
+    return renamed_attribute(__name__, name, {"Weighting": "metricsearch.train.weightings.Weighting"})

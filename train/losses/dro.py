@@ -1,78 +1,18 @@
-"""Distributionally robust pair weightings (Qi et al., DRO framework) and the dro_* losses.
-
-The three weightings map the per-pair losses of any pair loss to the batch loss,
-`(losses, pos, neg, labels) -> scalar`: TopK (mean of the K largest), TopK-PN (sum of the K/2 largest positive
-and the K/2 largest negative ones; the paper's p is in {0, 1}, so a sum) and KL
-(`gamma * log mean exp(l / gamma)`). A dro_* loss is a base pair loss plus one of them.
-"""
+"""The dro_* losses (Qi et al., DRO framework): a base pair loss whose mean over pairs is replaced by a DRO
+weighting (train/weightings/dro.py: TopK, TopK-PN, KL)."""
 
 from __future__ import annotations
 
-from numbers import Integral
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from metricsearch.train.context import TrainContext
+from metricsearch.train.losses.base import PairLoss
 from metricsearch.train.losses.registry import LOSSES, register
-from metricsearch.train.losses.base import PairLoss, Weighting, check_positive, masked_logsumexp
-
-
-def masked_topk_sum(losses: Tensor, mask: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Sum of the k largest `losses` under `mask`, and how many were summed (min(k, mask count))."""
-    flat = losses.flatten().masked_fill(~mask.flatten(), float("-inf"))
-    top = flat.topk(min(k, flat.numel())).values
-    count = mask.sum().clamp(max=k)
-    keep = torch.arange(top.numel(), device=top.device) < count
-    return torch.where(keep, top, torch.zeros_like(top)).sum(), count
-
-
-def check_k(k: int, least: int) -> None:
-    """Raise a ValueError unless k is an integer >= least."""
-    if isinstance(k, bool) or not isinstance(k, Integral) or k < least:
-        raise ValueError(f"k must be an integer >= {least}, got {k!r}")
-
-
-class TopKWeighting:
-    """DRO-TopK: mean of the K largest pair losses (the mean of all pairs when there are <= K)."""
-
-    def __init__(self, k: int = 100) -> None:
-        check_k(k, 1)
-        self.k = k
-
-    def __call__(self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor) -> Tensor:
-        total, count = masked_topk_sum(losses, pos | neg, self.k)
-        return total / count.clamp(min=1)
-
-
-class TopKPNWeighting:
-    """DRO-TopK-PN: sum of the K/2 largest positive and the K/2 largest negative pair losses."""
-
-    def __init__(self, k: int = 100) -> None:
-        check_k(k, 2)
-        self.k = k
-
-    def __call__(self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor) -> Tensor:
-        pos_total, _ = masked_topk_sum(losses, pos, self.k // 2)
-        neg_total, _ = masked_topk_sum(losses, neg, self.k // 2)
-        return pos_total + neg_total
-
-
-class KLWeighting:
-    """The DRO-KL loss: a base pair loss, weighted by KLWeighting (`gamma * log mean exp(l / gamma)` of its pairs)."""
-
-    def __init__(self, gamma: float = 0.1) -> None:
-        check_positive(gamma=gamma)
-        self.gamma = gamma
-
-    def __call__(self, losses: Tensor, pos: Tensor, neg: Tensor, labels: Tensor) -> Tensor:
-        mask = (pos | neg).flatten()
-        count = mask.sum()
-        lse = masked_logsumexp(losses.flatten() / self.gamma, mask, dim=0)
-        value = self.gamma * (lse - torch.log(count.clamp(min=1).to(losses.dtype)))
-        return torch.where(count > 0, value, torch.zeros_like(value))
+from metricsearch.train.weightings.base import Weighting
+from metricsearch.train.weightings.dro import KLWeighting, TopKPNWeighting, TopKWeighting
 
 
 class SimilarityMarginLoss(PairLoss):
@@ -164,6 +104,3 @@ class DROKLLoss(DROLoss):
                  context: TrainContext | None = None) -> None:
         super().__init__(KLWeighting(gamma), base, base_params, context)
 
-
-#: the DRO weightings by name (also weightings of any pair loss, train/sampling/dro.py)
-DRO_WEIGHTINGS: dict[str, type] = {"dro_topk": TopKWeighting, "dro_topk_pn": TopKPNWeighting, "dro_kl": KLWeighting}

@@ -73,8 +73,8 @@ def inspect_loss(
 
     if checkpoint is not None:
         from metricsearch.models.torch_embedder import load_checkpoint
-        from metricsearch.train.runs import run_split
-        from metricsearch.train.sampling import build_sampler
+        from metricsearch.train.checkpoint_data import run_split
+        from metricsearch.train.samplers import build_sampler
 
         model, state = load_checkpoint(checkpoint)
         test = run_split(state, dataset).test

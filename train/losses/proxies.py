@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from metricsearch.train.losses.base import MetricLoss, Mined, Weighting, check_inputs, check_positive, zero_loss
+from metricsearch.train.losses.base import MetricLoss, Mined, check_inputs, check_positive, zero_loss
+from metricsearch.train.weightings.base import Weighting
 
 
 def check_count(**counts: int | None) -> None:

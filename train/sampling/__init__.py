@@ -1,36 +1,28 @@
-"""Batch samplers, miners and pair weightings, each built by name from its registry."""
+"""Deprecated: samplers, miners and weightings each have their folder now (train/samplers/, train/miners/,
+train/weightings/; issue 87). This package and its old modules (sampling.group, sampling.miners, ...) are aliases of
+them; they go in the next release (0.2)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import sys
 
-import numpy as np
-
+from metricsearch.train import components, miners, samplers, weightings
 from metricsearch.train.context import TrainContext
-from metricsearch.train.losses.base import Mined, Weighting
-from metricsearch.train.sampling import (  # noqa: F401  # each module registers its entries
-    distance_weighted, dro, group, hard_class, importance, miners, p_random, random_batches, super_class,
-)
-from metricsearch.train.sampling.base import LabelBatchSampler
-from metricsearch.train.sampling.registry import (
-    MINERS, SAMPLERS, WEIGHTINGS, register_miner, register_sampler, register_weighting,
-)
+from metricsearch.train.deprecated_aliases import warn_renamed
+from metricsearch.train.losses.base import Mined
+from metricsearch.train.miners import MINERS, build_miner, register_miner
+from metricsearch.train.samplers import SAMPLERS, LabelBatchSampler, build_sampler, register_sampler
+from metricsearch.train.weightings import WEIGHTINGS, Weighting, build_weighting, register_weighting
 
+warn_renamed(__name__, "metricsearch.train.samplers, metricsearch.train.miners or metricsearch.train.weightings")
 
-def build_sampler(name: str, labels: np.ndarray, groups: np.ndarray | None = None, **params: Any) -> LabelBatchSampler:
-    """A batch sampler over `labels` by registry name; `groups` (each image's super-class) goes to those taking it."""
-    return SAMPLERS.build(name, {"groups": groups}, labels=labels, **params)
-
-
-def build_miner(name: str, **params: Any) -> Callable[..., Mined]:
-    """A miner `(embeddings, labels) -> Mined` by registry name."""
-    return MINERS.build(name, None, **params)
-
-
-def build_weighting(name: str, context: TrainContext | dict[str, Any] | None = None, **params: Any) -> Weighting:
-    """A pair weighting (per-pair losses -> the batch loss) by registry name, given the context's fields it takes."""
-    return WEIGHTINGS.build(name, context.as_dict() if isinstance(context, TrainContext) else context, **params)
-
+#: each old module path and the module that holds its code now (sampling.registry: this package, whose names it had)
+for _old, _new in {"base": samplers.base, "group": samplers.group, "p_random": samplers.p_random,
+                   "super_class": samplers.super_class, "hard_class": samplers.hard_class,
+                   "random_batches": samplers.random_batches, "miners": miners,
+                   "distance_weighted": miners.distance_weighted, "importance": weightings.importance,
+                   "dro": weightings.dro, "compat": components, "registry": sys.modules[__name__]}.items():
+    sys.modules[f"{__name__}.{_old}"] = _new
 
 __all__ = ["MINERS", "SAMPLERS", "WEIGHTINGS", "LabelBatchSampler", "Mined", "TrainContext", "Weighting", "build_miner",
            "build_sampler", "build_weighting", "register_miner", "register_sampler", "register_weighting"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from metricsearch.train.sampling.base import LabelBatchSampler
-from metricsearch.train.sampling.registry import register_sampler
+from metricsearch.train.samplers.base import LabelBatchSampler
+from metricsearch.train.samplers.registry import register_sampler
 
 
 @register_sampler("random")

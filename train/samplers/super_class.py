@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from metricsearch.train.sampling.base import Design, draw_per_class
-from metricsearch.train.sampling.group import GroupSampler
-from metricsearch.train.sampling.registry import register_sampler
+from metricsearch.train.samplers.base import Design, draw_per_class
+from metricsearch.train.samplers.group import GroupSampler
+from metricsearch.train.samplers.registry import register_sampler
 
 
 @register_sampler("super_class")

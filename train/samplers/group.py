@@ -6,8 +6,8 @@ import warnings
 
 import numpy as np
 
-from metricsearch.train.sampling.registry import register_sampler
-from metricsearch.train.sampling.base import Design, LabelBatchSampler, draw_per_class
+from metricsearch.train.samplers.registry import register_sampler
+from metricsearch.train.samplers.base import Design, LabelBatchSampler, draw_per_class
 
 
 def q_group(counts: np.ndarray, m: int, n: int) -> np.ndarray:

@@ -9,14 +9,16 @@ full-data loss `1/(N(N-1)) sum_{i != j} l_ij` as its expectation (eq. 10 scaled)
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from metricsearch.train.sampling.registry import register_weighting
-from metricsearch.train.sampling.base import LabelBatchSampler
+from metricsearch.train.weightings.registry import register_weighting
+
+if TYPE_CHECKING:  # a type only: samplers import the losses, whose DRO losses import the weightings
+    from metricsearch.train.samplers.base import LabelBatchSampler
 
 
 def counts_table(

@@ -1,11 +1,12 @@
 """Gallery indexing speed: `index build` end to end against the embedder alone, search latency of
 Gallery.search against raw faiss on the same index, flat against `auto` at 1M vectors, bytes per item.
 
-    python bench/index.py                                # everything (5.5 minutes on 2 idle CPU cores)
-    python bench/index.py --skip-build --sizes 100000    # search only, at 100k only
+    python bench/gallery_speed.py                                # everything (5.5 minutes on 2 idle CPU cores)
+    python bench/gallery_speed.py --skip-build --sizes 100000    # search only, at 100k only
 
 Needs the `train` extra (torch, torchvision, onnx) to export the two benchmark models. Writes a
-markdown table to stdout and bench/results/index.md, and the raw numbers to bench/results/index.json.
+markdown table to stdout and bench/results/gallery_speed.md, and the raw numbers to
+bench/results/gallery_speed.json.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from PIL import Image, ImageDraw, ImageFilter
 from metricsearch.index import Gallery, build_gallery, rebuild_index
 from metricsearch.index.faiss_index import recall_without_self
 from metricsearch.index.jobs import _create, build_faiss
-from metricsearch.index.layout import Store
+from metricsearch.index.lmdb_store import Store
 from metricsearch.index.pipeline import ImageReader, ReadItem, ReadSettings, source_names
 from metricsearch.index.writer import GalleryWriter
 from metricsearch.models import OnnxEmbedder, Preprocessing, ordered_batches, preprocessed_batches
@@ -268,7 +269,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000], help="synthetic gallery sizes")
     parser.add_argument("--skip-build", action="store_true", help="only the search part")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-gallery-speed-") as tmp:
         work = Path(tmp)
         small = export_model("small_cnn", 28, 1, work / "small_cnn.onnx")
         builds = []
@@ -283,8 +284,9 @@ def main() -> None:
     text = table(builds, searches)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "index.md").write_text(text + "\n")
-    (RESULTS / "index.json").write_text(json.dumps({"builds": builds, "searches": searches}, indent=1, default=float))
+    (RESULTS / "gallery_speed.md").write_text(text + "\n")
+    (RESULTS / "gallery_speed.json").write_text(json.dumps({"builds": builds, "searches": searches}, indent=1,
+                                                           default=float))
 
 
 if __name__ == "__main__":

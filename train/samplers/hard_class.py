@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor
 
-from metricsearch.train.sampling.registry import register_sampler
-from metricsearch.train.sampling.base import LabelBatchSampler, draw_per_class
+from metricsearch.train.samplers.registry import register_sampler
+from metricsearch.train.samplers.base import LabelBatchSampler, draw_per_class
 
 
 @register_sampler("npair_hard_class")

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from metricsearch.train.losses.base import Mined, check_inputs, distances_from_similarity, pair_masks
-from metricsearch.train.sampling.registry import register_miner
-from metricsearch.train.sampling.miners import (
+from metricsearch.train.miners.registry import register_miner
+from metricsearch.train.miners.base import (
     SeededMiner, empty_triplets, normalized_similarity, row_table, triplets_as_pairs,
 )
 

@@ -10,7 +10,7 @@ largest entry (or to a millionth of the largest entry of all, where that is more
 in training mode, dropout off, a squared error to random targets. The trainer lays out as the config's
 `channels_last` says (`metricsearch.train.device.memory_format`): auto = on CUDA only.
 
-Run from the repository root: `python bench/train_layout.py` (configs/omniglot.yaml, its CNN on the shipped
+Run from the repository root: `python bench/train_channels_last.py` (configs/omniglot.yaml, its CNN on the shipped
 background sets; configs/grocery.yaml, EfficientNet-Lite0 at 224 px on ../shared/data/grocery, fine-tuned whole
 and on its cached frozen trunk; each in float32 and bfloat16).
 """
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         lines = "".join(line(r) + "\n" for r in rows)
         cpu = torch.backends.cpu.get_cpu_capability()
         write_results(args.results,
-                      f"# Training steps: channels-last against contiguous\n\n`python bench/train_layout.py`, "
+                      f"# Training steps: channels-last against contiguous\n\n`python bench/train_channels_last.py`, "
                       f"{torch.get_num_threads()} threads, CPU capability {cpu}, torch {torch.__version__}.\n\n"
                       + header + "\n" + lines, rows)
     return 0

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 
 from metricsearch.train.losses.base import Mined
-from metricsearch.train.sampling.registry import register_sampler
-from metricsearch.train.sampling.base import Design, LabelBatchSampler
+from metricsearch.train.samplers.registry import register_sampler
+from metricsearch.train.samplers.base import Design, LabelBatchSampler
 
 
 def q_p_random(counts: np.ndarray, p: float) -> np.ndarray:
