@@ -210,7 +210,11 @@ class Gallery:
             is_path = isinstance(source, (str, Path))
             data = read_bytes(source, settings.max_bytes) if is_path else source
             pixels.append(pre(decode(data, settings, pre, str(source) if is_path else "query image")))
-        return normalized(embedder.embed_arrays(np.stack(pixels)))
+        return self.embed_pixels(np.stack(pixels))
+
+    def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Unit-length embeddings of a batch already preprocessed for the gallery's model."""
+        return normalized(self.embedder.embed_arrays(pixels))
 
     # --- items ----------------------------------------------------------------------------------
 

@@ -31,7 +31,6 @@ from PIL import Image
 from metricsearch.app.web.batching import Coalescer
 from metricsearch.app.web.uploads import uploaded_file
 from metricsearch.data import UnreadableImageError, pixel_count
-from metricsearch.evaluation.distances import normalized
 from metricsearch.evaluation.report import class_table, rank, worst_queries
 from metricsearch.index import Gallery, ReadSettings, labelled_items
 from metricsearch.index.pipeline import decode as read_image
@@ -120,9 +119,8 @@ class SearchHandlers:
 
     def _search_batch(self, queries: list[Query]) -> list[list[Any]]:
         """Hits of several queries: one embedding call for all, one index search per label filter."""
-        embedder = self.gallery.embedder
-        pixels = embedder.preprocessing.normalized_batch(np.stack([np.asarray(q.image) for q in queries]))
-        vectors = normalized(embedder.embed_arrays(pixels))
+        images = np.stack([np.asarray(q.image) for q in queries])
+        vectors = self.gallery.embed_pixels(self.gallery.embedder.preprocessing.normalized_batch(images))
         by_label: dict[str | None, list[int]] = defaultdict(list)
         for i, q in enumerate(queries):
             by_label[q.label].append(i)

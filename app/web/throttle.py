@@ -7,10 +7,11 @@ about the credentials (a 404 for an unknown route, a 422 for a bad id) leaves th
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any, Callable
+
+from metricsearch.app.web.json_answer import send_detail
 
 #: failed logins from one address before its attempts are refused for a while
 LOGIN_FAILURES = 5
@@ -54,10 +55,8 @@ class LoginThrottle:
         address = (scope.get("client") or ("?", 0))[0]
         wait = self.wait(address)
         if wait > 0:
-            body = json.dumps({"detail": f"Too many failed logins: try again in {wait:.0f} s."}).encode()
-            await send({"type": "http.response.start", "status": 429, "headers": [
-                (b"content-type", b"application/json"), (b"retry-after", str(int(wait) + 1).encode())]})
-            return await send({"type": "http.response.body", "body": body})
+            return await send_detail(send, 429, f"Too many failed logins: try again in {wait:.0f} s.",
+                                     ((b"retry-after", str(int(wait) + 1).encode()),))
 
         async def record(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":

@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from metricsearch.app.web.json_answer import send_detail
+
 #: Gradio names its upload folder by this variable, read when a server is made and on every upload check
 GRADIO_TEMP_DIR = "GRADIO_TEMP_DIR"
 
@@ -113,7 +115,7 @@ class UploadPaths:
                 body += message.get("body", b"")
                 more = message.get("more_body", False)
                 if len(body) > MAX_JSON_BODY:
-                    return await _answer(send, 413, f"A JSON request is at most {MAX_JSON_BODY} bytes.")
+                    return await send_detail(send, 413, f"A JSON request is at most {MAX_JSON_BODY} bytes.")
             try:
                 body = json.dumps(self._paths_translated(json.loads(body))).encode()
             except (ValueError, RecursionError):
@@ -151,10 +153,3 @@ def _replayed(body: bytes, receive: Callable) -> Callable:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
-
-
-async def _answer(send: Callable, status: int, detail: str) -> None:
-    """Send a JSON answer {"detail": ...} with this status."""
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
