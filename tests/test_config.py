@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from metricsearch.app.cli import main
 from metricsearch.models.torch_embedder import build_embedder
@@ -282,3 +284,21 @@ def test_input_paths_in_a_config_file_are_from_its_folder_outputs_and_overrides_
     (sub / "absolute.yaml").write_text(f"dataset: grocery:{tmp_path}/g#half1\nmodel: {{pretrained: imagenet}}\n")
     config = load_config(sub / "absolute.yaml")
     assert config["dataset"] == f"grocery:{tmp_path}/g#half1" and config["model"]["pretrained"] == "imagenet"
+
+
+def test_a_run_saved_with_a_relative_data_path_resumes_from_a_config_that_names_it_absolutely(tmp_path, monkeypatch):
+    from metricsearch.train.run_dir import prepare_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "old"
+    run.mkdir(parents=True)
+    (run / "last.pt").write_bytes(b"")
+    old = load_config("digits", ["dataset=folder:photos", "name=old"])  # --set values stay relative to here
+    (run / "config.yaml").write_text(yaml.safe_dump(typed_config(old).model_dump(mode="json"), sort_keys=False))
+    (tmp_path / "my.yaml").write_text("dataset: folder:photos\nname: old\n")  # read from the YAML's folder: absolute
+    again = typed_config(load_config(str(tmp_path / "my.yaml")))
+    assert again.dataset == f"folder:{tmp_path / 'photos'}"
+    assert prepare_run_dir(again, resume=True, overwrite=False, write=False) == Path("runs") / "old"
+    other = typed_config(load_config(str(tmp_path / "my.yaml"), ["dataset=folder:elsewhere"]))
+    with pytest.raises(ValueError, match=r"differs from the run's saved config in \['dataset'\]"):
+        prepare_run_dir(other, resume=True, overwrite=False, write=False)

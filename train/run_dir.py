@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from metricsearch.train.config import DEFAULTS, TrainConfig, typed_config
+from metricsearch.train.config import DEFAULTS, TrainConfig, resolve_input_paths, typed_config
 
 #: resuming may change these keys of a run's config: how long it trains (its own epochs, then the distillation's)
 #: and how it logs and keeps freed memory
@@ -54,8 +54,10 @@ def prepare_run_dir(settings: TrainConfig, resume: bool, overwrite: bool, write:
         # top-level keys added to the schema since the run was saved compare with their defaults (SAVED_BEFORE)
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
         saved = typed_config({**DEFAULTS, **SAVED_BEFORE, **saved}).model_dump(mode="json")
-        differ = sorted(k for k in set(saved) | set(config)
-                        if k not in RESUMABLE_CHANGES and saved.get(k) != config.get(k))
+        # input paths compare as files: a run saved before config paths were absolute named them from here
+        saved, now = (resolve_input_paths(c, Path.cwd()) for c in (saved, config))
+        differ = sorted(k for k in set(saved) | set(now)
+                        if k not in RESUMABLE_CHANGES and saved.get(k) != now.get(k))
         if differ:
             raise ValueError(
                 f"--resume: the config differs from the run's saved config in {differ}; "
