@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 from metricsearch.data import ImageSet, load_query_gallery, load_split
-from metricsearch.evaluation.distances import sq_distances
+from metricsearch.evaluation.distances import normalized, sq_distances
 from metricsearch.evaluation.metrics import average_precision_at_r, nearest
 from metricsearch.models import PixelEmbedder
 from metricsearch.models.torch_embedder import Embedder, build_embedder, load_embedder
@@ -102,13 +102,8 @@ def per_query(model: Any, sets: dict[str, ImageSet], dims: list[int] = ()) -> di
         fit = model.embed_set(sets["fit"], batch_size=64)
         for dim in dims:
             mean, matrix = pca(fit, dim)
-            out[dim] = scores(*(unit((x - mean) @ matrix) for x in (q, g, c)), sets)
+            out[dim] = scores(*(normalized((x - mean) @ matrix) for x in (q, g, c)), sets)
     return out
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length, as the exported projection re-normalises."""
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
 def scores(q: np.ndarray, g: np.ndarray, c: np.ndarray, sets: dict[str, ImageSet]) -> dict[str, np.ndarray]:
