@@ -1,8 +1,9 @@
 """The automatic index against autofaiss and swept structures: `metricsearch.index.build_index` (auto)
 beside autofaiss's `build_index` (its defaults, and its time budget set to our per-query time) and
 HNSW32 / IVF-Flat / IVF-HNSW swept over efSearch / nprobe (IVF at the rule's list count and at 16 sqrt(N),
-as an outside check did; IVF-HNSW at 16 sqrt(N) and N/64 lists), on clustered 128-d unit vectors and 2,000
-new queries, from two generators: `uniform` (bench/gallery_speed.py's: classes of 50, spreads 0.3-0.9) and
+as an outside check did; IVF-HNSW at 16 sqrt(N) and N/64 lists), on clustered 128-d unit vectors and 10,000
+new queries (recall@10 within about +-0.003 at 95%; with 2,000, +-0.008 made the verdict at 0.95 a coin toss),
+from two generators: `uniform` (bench/gallery_speed.py's: classes of 50, spreads 0.3-0.9) and
 `pareto` (class sizes from a Pareto law, a few huge and many tiny, spreads log-uniform 0.2-0.8: data `auto` was not
 tuned on). The ratio table says, per generator and size, `auto`'s QPS at batch 256 over the best swept
 setting at equal or better recall@10.
@@ -10,7 +11,7 @@ setting at equal or better recall@10.
     python bench/autoindex.py                                       # both generators, 10k to 2M: hours
     python bench/autoindex.py --sizes 10000 100000 300000           # about 10 minutes a generator, 2 busy cores
     python bench/autoindex.py --sizes 1000000 --generators pareto   # about 15 minutes on 2 idle cores
-    python bench/autoindex.py --sizes 2000000 --generators pareto   # about 40 minutes (not run here yet)
+    python bench/autoindex.py --sizes 2000000 --generators pareto   # about 40 minutes
 
 autofaiss is a bench-only dependency, installed beside the project (it pins numpy < 2, so by hand):
 `pip install --no-deps autofaiss==2.18.0 embedding_reader fire termcolor`; without it its rows are
@@ -42,6 +43,7 @@ from results_files import write_results  # noqa: E402
 
 RESULTS = Path(__file__).with_name("results")
 K = 10
+QUERIES = 10_000  # new queries scoring every row (rows before 2026-12-07 used 2,000)
 EF_SEARCH = [10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
 NPROBE = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 
@@ -152,7 +154,7 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndar
 
 def bench(n: int, generator: str) -> dict:
     vectors = GENERATORS[generator](n, n // 50)
-    queries = GENERATORS[generator](2000, n // 50, draw=99)  # new vectors of the same distribution
+    queries = GENERATORS[generator](QUERIES, n // 50, draw=99)  # new vectors of the same distribution
     exact = faiss.knn(queries, vectors, K, metric=faiss.METRIC_INNER_PRODUCT)[1]
     out: dict = {"n": n, "generator": generator, "load_before": os.getloadavg()}
     start = time.perf_counter()

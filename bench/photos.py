@@ -13,7 +13,8 @@ and its last epoch is scored, as the recipe's final fit keeps its last: the held
 
 Families: `ms` (multi-similarity, the recipe's), `margin` (margin loss with a learned per-class beta +
 distance-weighted sampling), `ice`, `contrastive` (balanced contrastive + importance sampling),
-`dro` (DRO-TopK-PN over the contrastive pair loss).
+`dro` (DRO-TopK-PN over the contrastive pair loss); beyond the five papers, the proxy families `proxy_anchor` and
+`normsoftmax` (one learned vector per class, the recipe's sampler kept so that only the loss changes).
 
 Compact embeddings: `--dims 512 256 128` also scores the off-the-shelf features (at the recipe's resolution) and
 every fine-tuned model projected by a PCA to each dimension, fit on the fold's training photos (as `export --dim`
@@ -75,6 +76,10 @@ FAMILIES: dict[str, tuple[list[str], str]] = {
                     "balanced contrastive + importance sampling"),
     "dro": (["loss={name: dro_topk_pn, k: 100}", "miner={name: null}"],
             "DRO-TopK-PN weighting of the contrastive pair loss, K = 100"),
+    "proxy_anchor": (["loss={name: proxy_anchor, alpha: 32.0, margin: 0.1}", "miner={name: null}"],
+                     "Proxy-Anchor (beyond the five papers), alpha 32, margin 0.1, proxies at 100x the learning rate"),
+    "normsoftmax": (["loss={name: normsoftmax}", "miner={name: null}"],
+                    "normalised softmax (beyond the five papers), the paper's temperature, proxies at 100x"),
 }
 
 

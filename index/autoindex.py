@@ -3,7 +3,7 @@ search parameter to the recall target, time each, keep the fastest (`build_index
 
 Every candidate holds all N vectors, so its recall and speed are measured on the gallery itself, not
 predicted; what is sampled is what predicts the full index: IVF coarse quantizers are trained (k-means)
-on a random sample of the rows (40 per list, 16 per list with an HNSW quantizer). IVF candidates cost
+on a random sample of the rows (40 per list; with an HNSW quantizer 16 at least). IVF candidates cost
 one k-means on a bounded sample and one pass over the vectors, and are always built. An HNSW graph
 costs more than linear time, so HNSW is built only when its estimated time (a pilot build on PILOT
 vectors, scaled by N (ln N / ln PILOT)^2) fits what is left of the budget: BUDGET times the first
@@ -32,7 +32,7 @@ from typing import Callable
 import faiss
 import numpy as np
 
-from .faiss_index import (HNSW_TRAIN_PER_LIST, MEMORY_FRACTION, RERANK, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K,
+from .faiss_index import (HNSW_MIN_PER_LIST, MEMORY_FRACTION, RERANK, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K,
                           IndexChoice, _inner, available_memory, choose_index, describe, index_from_factory,
                           ivf_lists, make_index, memory_bytes, reranked, set_param, shortlist, tune, tuning_queries,
                           vectors_by_id)
@@ -86,7 +86,7 @@ def candidates(n: int, dim: int, memory: int | None = None) -> list[Candidate]:
         out.append(Candidate(f"IVF{nlist}_HNSW32,Flat", "ivf_hnsw", flat + nlist * (4 * dim + 256)))
     counts = [lists] if n >= HNSW_QUANTIZER_MIN else [lists, max(1, lists // 2)]
     out += [Candidate(f"IVF{c},Flat", "ivf", flat + c * dim * 4) for c in dict.fromkeys(counts)]
-    wide = min(2 ** round(math.log2(WIDE_LISTS * math.sqrt(n))), n // HNSW_TRAIN_PER_LIST)
+    wide = min(2 ** round(math.log2(WIDE_LISTS * math.sqrt(n))), n // HNSW_MIN_PER_LIST)
     if n < HNSW_QUANTIZER_MIN and wide > max(counts):
         out.append(Candidate(f"IVF{wide}_HNSW32,Flat", "ivf_hnsw", flat + wide * (4 * dim + 256)))
     out += [Candidate("IDMap,Flat", "flat", flat)] if n <= FLAT_CANDIDATE_MAX else []

@@ -29,7 +29,7 @@ INDEX_DIR = "index"
 FLAT_MAX = 50_000  # auto: exact search up to this many items
 MEMORY_FRACTION = 0.5  # auto: the index may take this share of the available memory
 TRAIN_PER_LIST = 40  # IVF training points per list (faiss asks for at least 39)
-HNSW_TRAIN_PER_LIST = 16  # ...with an HNSW coarse quantizer (its lists are many and small)
+HNSW_MIN_PER_LIST = 16  # ...at least, with an HNSW coarse quantizer, when the gallery has fewer (its lists are many)
 PQ_MIN = 1_000  # fewest vectors to train IVF-PQ on
 TARGET_RECALL = 0.95
 TUNE_K = 10
@@ -248,8 +248,7 @@ def _prepare_training(index: faiss.Index, niter: int | None) -> int:
                 rotation.niter = rotation.niter_pq_0 = niter
     if isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW):
         ivf.clustering_index = faiss.IndexHNSWFlat(ivf.d, 16)  # flat k-means over 10^4+ lists takes hours
-        ivf.cp.min_points_per_centroid = HNSW_TRAIN_PER_LIST
-        return HNSW_TRAIN_PER_LIST * ivf.nlist
+        ivf.cp.min_points_per_centroid = HNSW_MIN_PER_LIST
     return TRAIN_PER_LIST * ivf.nlist
 
 

@@ -129,6 +129,15 @@ def test_nprobe_reaches_every_list_through_an_hnsw_quantizer(vectors) -> None:
     assert (lists >= 0).all() and all(len(set(row)) == 500 for row in lists)  # nprobe lists, all different
 
 
+def test_an_hnsw_quantizer_trains_on_as_many_vectors_a_list_as_a_flat_one(vectors) -> None:
+    ids = np.arange(len(vectors), dtype=np.int64)
+    _, rows = index_from_factory(vectors, ids, "IVF250_HNSW32,Flat")  # 16 a list cost recall at 1M: docs/indexing.md
+    _, flat_rows = index_from_factory(vectors, ids, "IVF250,Flat")
+    assert len(rows) == len(flat_rows) == 250 * faiss_index.TRAIN_PER_LIST
+    _, rows = index_from_factory(vectors, ids, "IVF1000_HNSW32,Flat")  # fewer than 40 a list: every vector trains
+    assert len(rows) == len(vectors) and len(vectors) >= 1000 * faiss_index.HNSW_MIN_PER_LIST
+
+
 def test_exact_and_untunable_indexes(vectors) -> None:
     ids = np.arange(len(vectors), dtype=np.int64)
     flat, _ = index_from_factory(vectors[:2000], ids[:2000], "IDMap,Flat")
