@@ -10,7 +10,7 @@ from PIL import Image
 
 from metricsearch.data import ImageSet
 from metricsearch.models.image_set_embedding import embed_image_set
-from metricsearch.models.memory_budget import DEFAULT_MEMORY, MAX_BATCH, batch_within
+from metricsearch.models.memory_budget import DEFAULT_MEMORY, MAX_BATCH, batch_within, bytes_per_image
 from metricsearch.models.preprocessing import Preprocessing
 
 
@@ -40,10 +40,14 @@ class ArrayEmbedder(ABC):
 
     def batch_within(self, memory: int = DEFAULT_MEMORY) -> int:
         """The largest inference batch (at most `largest_batch`) that keeps this process within `memory` bytes at
-        its peak, measured on this embedder once per budget (see models/memory_budget.py)."""
+        its peak, from its bytes per image measured once on this embedder (see models/memory_budget.py): a second
+        measurement would see the heap pages the first one left and find less."""
         chosen = self.__dict__.setdefault("_batches", {})
         if memory not in chosen:
             p = self.preprocessing
-            chosen[memory] = batch_within(memory, self.embed_arrays, (p.channels, p.size, p.size),
-                                          most=self.largest_batch)
+            shape = (p.channels, p.size, p.size)
+            if "_per_image" not in self.__dict__:
+                self.__dict__["_per_image"] = bytes_per_image(self.embed_arrays, shape)
+            chosen[memory] = batch_within(memory, self.embed_arrays, shape, most=self.largest_batch,
+                                          per_image=self.__dict__["_per_image"])
         return chosen[memory]

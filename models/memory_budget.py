@@ -78,11 +78,12 @@ def bytes_per_image(embed_arrays: Callable[[np.ndarray], np.ndarray], shape: tup
 
 
 def batch_within(memory: int, embed_arrays: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...], *,
-                 most: int = MAX_BATCH) -> int:
+                 most: int = MAX_BATCH, per_image: int | None = None) -> int:
     """The largest batch (1 to `most`) whose inference, with the HELD_BATCHES preprocessed batches beside it,
-    keeps this process's resident memory within `memory` bytes, from what it holds now."""
+    keeps this process's resident memory within `memory` bytes, from what it holds now (`per_image`: an earlier
+    `bytes_per_image` of the same model, else measured now)."""
     image = int(np.prod(shape)) * 4
-    per_image = bytes_per_image(embed_arrays, shape) + HELD_BATCHES * image
+    per_image = (bytes_per_image(embed_arrays, shape) if per_image is None else per_image) + HELD_BATCHES * image
     free = SAFE_SHARE * memory - (resident_bytes() or 0)
     return int(min(most, max(1, free // per_image)))
 
