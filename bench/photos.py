@@ -2,14 +2,15 @@
 loss family of the papers, cross-validated over the two class halves; plus the trainer's speed against a bare loop.
 
 Each fold trains on one half of the 41 fine classes (all their photos) and tests on the other half
-(data/grocery.py): photo -> photo (the test-list photos query the train+val photos of the unseen
-classes: Recall@1, MAP@R) and photo -> catalogue (the same photos query the unseen classes' iconic
-catalogue images: accuracy@1). The queries of both folds are pooled; each figure comes with a 95%
-bootstrap interval over the queries (2,000 resamples, seeded), and "vs off-the-shelf" is the paired
-difference in photo -> photo Recall@1 to the off-the-shelf features at the training resolution, on
-the very same queries. Every fine-tuned row starts from configs/grocery.yaml (the shipped recipe)
-and changes the loss family only; it trains on every class of the other half, nothing validates (`val_classes=0`),
-and its last epoch is scored, as the recipe's final fit keeps its last: the held-out half never chooses anything.
+(data/grocery.py): photo -> photo (the test-list photos query the train+val photos of the unseen classes: Recall@1,
+MAP@R) and photo -> catalogue (the same photos query the unseen classes' iconic catalogue images: accuracy@1;
+"expanded": the same with the catalogue expanded by the unseen classes' train+val photos used without their labels,
+`evaluate --expand-with`). The queries of both folds are pooled; each figure comes with a 95% bootstrap interval
+over the queries (2,000 resamples, seeded), and "vs off-the-shelf" is the paired difference in photo -> photo
+Recall@1 to the off-the-shelf features at the training resolution, on the very same queries. Every fine-tuned row
+starts from configs/grocery.yaml (the shipped recipe) and changes the loss family only; it trains on every class of
+the other half, nothing validates (`val_classes=0`), and its last epoch is scored, as the recipe's final fit keeps
+its last: the held-out half never chooses anything.
 
 Families: `ms` (multi-similarity, the recipe's), `margin` (margin loss with a learned per-class beta +
 distance-weighted sampling), `ice`, `contrastive` (balanced contrastive + importance sampling),
@@ -24,6 +25,8 @@ Speed: `--speed-batches N` times the trainer (config's batch, workers, augmentat
 loop) against a bare PyTorch loop with the same model, batch, loss and optimizer over batches already
 decoded in memory (the compute ceiling), one after the other in this process. With the recipe's
 `trunk_cache` both loops train on the cached trunk outputs, and the cache's cost is the setup's.
+
+`--keep DIR --reuse` scores the runs already in DIR instead of training them again (e.g. after a new column).
 
 Run: `nice -n 19 python bench/photos.py` (every row), or a quick pass:
 `python bench/photos.py --epochs 1 --size 128 --families ms --folds half2`; the folds can run side by
@@ -48,6 +51,7 @@ import numpy as np
 import torch
 from metricsearch.data import ImageSet, load_query_gallery, load_split
 from metricsearch.evaluation.distances import normalized, sq_distances
+from metricsearch.evaluation.expansion import expand_gallery
 from metricsearch.evaluation.metrics import average_precision_at_r, nearest
 from metricsearch.models import PixelEmbedder
 from metricsearch.models.torch_embedder import Embedder, build_embedder, load_embedder
@@ -62,6 +66,7 @@ DEFAULT_DATA = REPO.parent / "shared" / "data" / "grocery"
 RECIPE = REPO / "configs" / "grocery.yaml"
 RESULTS = REPO / "bench" / "results" / "photos"
 HALVES = ("half1", "half2")
+METRICS = ("recall_at_1", "map_at_r", "catalogue_at_1", "catalogue_expanded_at_1")
 BACKBONE = "efficientnet_lite0"
 
 #: family -> (overrides of configs/grocery.yaml, what it is)
@@ -112,13 +117,16 @@ def per_query(model: Any, sets: dict[str, ImageSet], dims: list[int] = ()) -> di
 
 
 def scores(q: np.ndarray, g: np.ndarray, c: np.ndarray, sets: dict[str, ImageSet]) -> dict[str, np.ndarray]:
-    """Per query: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1, from the three sets' embeddings."""
+    """Per query: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1 (also with the catalogue expanded by the
+    photo gallery, its labels unused), from the three sets' embeddings."""
     ql, gl = sets["query"].labels, sets["gallery"].labels
     r = (gl[None, :] == ql[:, None]).sum(1)
     relevant = gl[nearest(sq_distances(q, g), int(r.max()))] == ql[:, None]
-    nearest_c = sets["catalogue"].labels[sq_distances(q, c).argmin(1)]
+    def catalogue_hits(entries: np.ndarray) -> np.ndarray:
+        return (sets["catalogue"].labels[sq_distances(q, entries).argmin(1)] == sets["query_c"].labels).astype(float)
+
     return {"recall_at_1": relevant[:, 0].astype(float), "map_at_r": average_precision_at_r(relevant, r),
-            "catalogue_at_1": (nearest_c == sets["query_c"].labels).astype(float)}
+            "catalogue_at_1": catalogue_hits(c), "catalogue_expanded_at_1": catalogue_hits(expand_gallery(c, g))}
 
 
 def bootstrap(values: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -142,8 +150,9 @@ def recipe(family: str, half: str, data: Path, out: Path, extra: list[str]) -> d
 
 
 def run(families: list[str], folds: list[str], data: Path, extra: list[str], keep: Path | None,
-        partial: Path | None = None, dims: list[int] = ()) -> list[dict]:
-    """Score every row on every fold (fold by fold); after each training, the table so far goes to `partial`."""
+        partial: Path | None = None, dims: list[int] = (), reuse: bool = False) -> list[dict]:
+    """Score every row on every fold (fold by fold); after each training, the table so far goes to `partial`;
+    with `reuse`, a family's run already in `keep` is scored, not trained again."""
     size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
     rows: dict[str, dict[str, Any]] = {}
 
@@ -164,13 +173,16 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
             for family in families:
                 config = recipe(family, half, data, out, extra)
                 t0, c0, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
-                result = train(config, progress=False)
+                kept = out / config["name"] / "last.pt"
+                reused = reuse and kept.is_file()
+                if not reused:
+                    kept = train(config, progress=False).run_dir / "last.pt"
                 wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-                found = per_query(load_embedder(result.run_dir / "last.pt"), sets, dims)
+                found = per_query(load_embedder(kept), sets, dims)
                 for dim, by_query in found.items():
                     what = FAMILIES[family][1] + (f", PCA to {dim}-d" if dim else "")
                     timing = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load": round(load, 1),
-                              "epochs": config["epochs"]}
+                              "epochs": config["epochs"], "reused": reused}
                     add(family + (f" {dim}-d" if dim else ""), what, half, by_query, **{half: timing})
                 print(f"{family} {half}: {wall:.0f} s wall, {cpu:.0f} s CPU (load {load:.1f}); "
                       + ", ".join(f"{k} {v.mean():.3f}" for k, v in found[None].items()), file=sys.stderr, flush=True)
@@ -185,8 +197,8 @@ def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         folds = list(r["scores"])
-        p = {m: np.concatenate([r["scores"][f][m] for f in folds])
-             for m in ("recall_at_1", "map_at_r", "catalogue_at_1")}
+        p = {m: np.concatenate([r["scores"][f][m] for f in folds]) for m in METRICS
+             if all(m in r["scores"][f] for f in folds)}  # results of older runs lack the expanded column
         ref = np.concatenate([reference["scores"][f]["recall_at_1"] for f in folds])
         item = {"row": r["row"], "what": r["what"], "folds": folds, "train": r["train"],
                 **{m: bootstrap(v) for m, v in p.items()},
@@ -254,18 +266,21 @@ def table(summary: list[dict[str, Any]], size: int, fast: dict[str, float] | Non
     folds = "+".join(summary[0]["folds"])
     lines = [f"Grocery Store, unseen classes, held-out halves {folds} pooled (a row's queries over the folds it ran); "
              "mean [95% bootstrap interval over queries]", "",
-             "| row | photo->photo R@1 | photo->photo MAP@R | photo->catalogue acc@1 | R@1 vs off-the-shelf "
-             f"{size}px (paired) | R@1 vs own full dimension (paired) | R@1 by fold | train wall / CPU s per fold |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| row | photo->photo R@1 | photo->photo MAP@R | photo->catalogue acc@1 | photo->catalogue, expanded | "
+             f"R@1 vs off-the-shelf {size}px (paired) | R@1 vs own full dimension (paired) | R@1 by fold | "
+             "train wall / CPU s per fold |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         vs = s.get("recall_at_1_vs_off_the_shelf")
         diff = f"{vs[0]:+.3f} [{vs[1]:+.3f}, {vs[2]:+.3f}]" if vs and s["row"] != f"off-the-shelf {size}px" else ""
         own = s.get("recall_at_1_vs_full")
         own = f"{own[0]:+.3f} [{own[1]:+.3f}, {own[2]:+.3f}]" if own else ""
         by = " / ".join(f"{v['recall_at_1']:.3f}" for v in s["by_fold"].values())
-        t = " / ".join(f"{v['wall_s']:.0f} / {v['cpu_s']:.0f}" for v in s["train"].values()) or "-"
+        t = " / ".join("kept run" if v.get("reused") else f"{v['wall_s']:.0f} / {v['cpu_s']:.0f}"
+                       for v in s["train"].values()) or "-"
+        expanded = ci(s["catalogue_expanded_at_1"]) if "catalogue_expanded_at_1" in s else "-"
         lines.append(f"| {s['row']} | {ci(s['recall_at_1'])} | {ci(s['map_at_r'])} | {ci(s['catalogue_at_1'])} "
-                     f"| {diff} | {own} | {by} | {t} |")
+                     f"| {expanded} | {diff} | {own} | {by} | {t} |")
     lines += ["", "Rows: " + "; ".join(f"{s['row']}: {s['what']}" for s in summary)]
     if fast:
         lines += ["", f"Training speed ({fast['batches']} batches of {fast['batch']}, {fast['num_workers']} DataLoader "
@@ -293,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also score each model projected to D dimensions by a PCA fit on the fold's training "
                              "photos (what `export --dim D` appends), e.g. --dims 512 256 128")
     parser.add_argument("--keep", type=Path, help="keep the trained runs in this folder (default: a temporary one)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: score the runs already there instead of training them again")
     parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
                         help="no training: one table from earlier runs' results (e.g. one run per fold)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")
@@ -310,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, fast = combine(args.combine)
     else:
         fast = speed(args.speed_batches, extra, args.data) if args.speed_batches else None
-        rows = run(list(args.families), list(args.folds), args.data, extra, args.keep, partial, args.dims)
+        rows = run(list(args.families), list(args.folds), args.data, extra, args.keep, partial, args.dims, args.reuse)
     summary = summarise(rows, size)
     text = table(summary, size, fast)
     text += f"\n\nCommand: python bench/photos.py {' '.join(argv if argv is not None else sys.argv[1:])}"

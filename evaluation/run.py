@@ -8,9 +8,10 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from metricsearch.data import DataSplit, ImageSet, load_query_gallery, load_split
+from metricsearch.data import DataSplit, ImageSet, load_image_set, load_query_gallery, load_split
 from metricsearch.data.base import RECALL_K_INSHOP
 from metricsearch.evaluation.distances import centred, check_center
+from metricsearch.evaluation.expansion import expand_gallery
 from metricsearch.evaluation.metrics import evaluate
 
 
@@ -81,17 +82,22 @@ def evaluate_model(
     one_shot_ways: int | None = None,
     one_shot_protocol: str | None = None,
     center: float = 0.0,
+    expand_with: str | None = None,
     batch_size: int | None = None,
     progress: bool = False,
     report: str | Path | None = None,
 ) -> dict[str, Any]:
     """Recall@K, NMI and MAP@R of `model` on a data set's test classes, or of query specs against a gallery
-    spec; with `report`, also the report of where it fails in that folder. Inference batches of `batch_size`
-    images (None: the model's choice; an ArrayEmbedder's keeps its process within its `memory` budget)."""
+    spec (with `expand_with`, an unlabelled image spec from the queries' domain, the gallery expanded with it:
+    `expand_gallery`); with `report`, also the report of where it fails in that folder. Inference batches of
+    `batch_size` images (None: the model's choice; an ArrayEmbedder's keeps its process within its `memory`
+    budget)."""
     if (query is None) != (gallery is None):
         raise ValueError("query and gallery go together: pass both, or a dataset")
     if (query is None) == (dataset is None):
         raise ValueError("pass either a dataset spec, or query and gallery specs")
+    if expand_with is not None and query is None:
+        raise ValueError("expand_with expands a gallery: pass query and gallery specs with it (--query, --gallery)")
     check_center(center, query is not None, bool(one_shot_ways and one_shot_protocol))  # before embedding anything
 
     def embed(images: ImageSet) -> np.ndarray:
@@ -100,6 +106,8 @@ def evaluate_model(
     if query is not None:
         qs, gs = load_query_gallery(query, gallery)
         q, g = embed(qs), embed(gs)
+        if expand_with is not None:
+            g = expand_gallery(g, embed(load_image_set(expand_with)))
         return _gallery_result(qs, q, gs, g, recall_k or RECALL_K_INSHOP, with_nmi, center, report)
     split = load_split(dataset, split_classes=split_classes)
     for note in split.notes:

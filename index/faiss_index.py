@@ -37,6 +37,7 @@ TUNE_QUERIES = 4_000  # enough for the recall estimate to be within about +-0.00
 PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 RERANK = (64, 32, 16, 8, 4, 2)  # shortlists tried for lossy codes (largest first), x max(k, TUNE_K): `shortlist`
 RERANK_CHUNK = 64  # queries re-scored at once (bounds the memory of the vectors read for them)
+PLATEAU = 0.002  # lossy codes: a doubled nprobe / efSearch that gains less recall than this is their ceiling
 
 
 def select_device(device: str = "auto", num_gpus: int | None = None) -> str:
@@ -346,7 +347,9 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
     left out; sets it on the index and returns {"params", "recall_at_10", "recall_at_10_lower",
     "target", "queries", "items", "ms_per_query"} (the last: its search of the tuning queries). With
     `give_up_ms`, it stops (adding "gave_up": True) at a setting below the target whose search takes
-    longer per query than that: a larger one only takes longer. With `rerank` R, each search re-scores
+    longer per query than that: a larger one only takes longer. Lossy codes stop short of the target at a
+    doubled setting that gains less than PLATEAU of recall (their ceiling: the rest would only scan more of
+    the index for nothing). With `rerank` R, each search re-scores
     a shortlist of R x max(k, TUNE_K) with the float `vectors` (`reranked`), and "recall_at_10_raw" is
     the recall at the setting found without that."""
     info = describe(index)
@@ -380,17 +383,18 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
         return result
     ivf = faiss.try_extract_index_ivf(index)
     low, high = (1, ivf.nlist) if ivf is not None else (k, 4096)
-    value, best, lo = low, None, low
+    value, best, lo, before = low, None, low, None
     while True:
         r = recall_at(value)
-        if r[1] >= target or value >= high:
+        ceiling = info["lossy"] and before is not None and r[0] - before < PLATEAU
+        if r[1] >= target or value >= high or ceiling:
             best = (value, r)
             break
         if give_up_ms is not None and r[2] > give_up_ms:
             result.update(params={info["param"]: value}, recall_at_10=round(r[0], 4), recall_at_10_lower=round(r[1], 4),
                           ms_per_query=round(r[2], 5), gave_up=True)
             return result
-        lo, value = value, min(high, value * 2)
+        lo, value, before = value, min(high, value * 2), r[0]
     while best[1][1] >= target and best[0] - lo > 1:  # bisect between the last failing and first passing
         mid = (lo + best[0]) // 2
         r = recall_at(mid)

@@ -160,6 +160,16 @@ def test_tuning_gives_up_once_slower_than_a_bound_and_auto_prunes_such_candidate
     assert all(c["meets_target"] for c in report["candidates"])  # the rest gave up at their first setting
 
 
+def test_lossy_codes_stop_tuning_at_their_ceiling_instead_of_scanning_every_list() -> None:
+    x = clustered(10_000)
+    ids = np.arange(10_000, dtype=np.int64)
+    index, rows = index_from_factory(x, ids, "IVF256,PQ2x4np")  # 1-byte codes: recall@10 stalls far below 0.95
+    found = tune(index, x, ids, np.setdiff1d(ids, rows), target=0.95)
+    assert found["recall_at_10"] < 0.95 and found["params"]["nprobe"] < 256
+    flat, rows = index_from_factory(x, ids, "IVF256,Flat")  # float vectors have no ceiling: tuned to the target
+    assert tune(flat, x, ids, np.setdiff1d(ids, rows), target=0.999)["recall_at_10_lower"] >= 0.999
+
+
 def test_memory_budget_limits_the_candidates() -> None:
     roomy = candidates(1_000_000, 128, memory=2**40)
     assert [c.factory for c in roomy] == ["IVF16384_HNSW32,Flat", "IVF4096,Flat", "IDMap,HNSW16", "IDMap,HNSW32"]
@@ -167,8 +177,8 @@ def test_memory_budget_limits_the_candidates() -> None:
         "IVF2048,Flat", "IVF1024,Flat", "IVF4096_HNSW32,Flat", "IDMap,HNSW16", "IDMap,HNSW32"]
     assert "IVF8192_HNSW32,Flat" in [c.factory for c in candidates(300_000, 128, memory=2**40)]  # 16 sqrt(N) lists
     short = candidates(1_000_000, 128, memory=int(2**30 * 0.8))  # 0.4 GiB budget: float32 takes 0.5 GB
-    assert [c.factory for c in short] == ["IVF16384_HNSW32,PQ64x8np", "OPQ64,IVF16384_HNSW32,PQ64x8np",
-                                          "IVF16384_HNSW32,SQ8"]
+    assert [c.factory for c in short] == ["IVF16384_HNSW32,SQ8", "IVF16384_HNSW32,PQ64x8np",  # all fit: SQ8 first
+                                          "OPQ64,IVF16384_HNSW32,PQ64x8np"]
     tight = candidates(1_000_000, 128, memory=2**27)  # 64 MiB: 32-byte codes
     assert [c.factory for c in tight] == ["IVF16384_HNSW32,PQ32x8np", "OPQ32,IVF16384_HNSW32,PQ32x8np"]
     assert all(c.bytes <= 2**26 for c in tight)

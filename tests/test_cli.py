@@ -70,6 +70,10 @@ def test_pixels_baseline_on_query_and_gallery_folders(tmp_path, capsys) -> None:
                  "--recall-k", "1", "--center", "1"]) == 0  # the stripes stay apart once the gallery mean is off
     out = capsys.readouterr().out
     assert "Recall@1     1.0000" in out and "centred      by 1 x the mean gallery embedding" in out
+    pool = make_folder(tmp_path / "p", {"a": 2, "b": 2, "c": 2}, seed=3)
+    assert main(["evaluate", "--model", "pixels", "--query", f"folder:{query}", "--gallery", f"folder:{gallery}",
+                 "--recall-k", "1", "--expand-with", f"files:{pool}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recall_at_k"] == {"1": 1.0}  # the entries kept their own stripes
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -80,7 +84,8 @@ def test_pixels_baseline_on_query_and_gallery_folders(tmp_path, capsys) -> None:
     (["train", "--set", "sampler.classes_per_batch"], "key=value"),
     (["train", "--config", "/no/such.yaml"], "not found"),
     (["export", "/no/such/run", "--out", "x.onnx"], "does not exist"),
-    (["evaluate", "--db", "/no/such/db", "--center", "0.5"], "--center goes with --model"),
+    (["evaluate", "--db", "/no/such/db", "--center", "0.5"], "--center and --expand-with go with --model"),
+    (["evaluate", "--model", "pixels", "--dataset", "digits", "--expand-with", "digits"], "pass query and gallery"),
 ])
 def test_bad_input_gives_a_clear_error(argv, message, capsys) -> None:
     assert main(argv) == 2
