@@ -183,15 +183,17 @@ def _tuned(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, truth, targ
     """Tune an index to the target on the queries of `truth` (see `tune` for `give_up_ms`, here with the reads
     of a re-ranked shortlist counted in): its setting,
     shortlist (`rerank`, 0: none), recall, milliseconds per tuning query and `read_ms`. Lossy codes are tuned
-    with each shortlist of RERANK, longest first, and keep the one meeting the target at the least time with its
-    reads (else the highest recall)."""
+    with each shortlist of RERANK, longest first (each from the setting the longer one met the target at), and keep
+    the one meeting the target at the least time with its reads (else the highest recall)."""
     best: dict | None = None
     for rerank in RERANK if describe(index)["lossy"] else (0,):
         bound = None if give_up_ms is None else give_up_ms - read_ms(rerank)  # bounds search and reads together
         if best is not None and best["meets_target"]:  # this shortlist's search must beat the best one's
             bound = min(bound if bound is not None else math.inf,
                         best["tuning_ms"] + best["read_ms"] - read_ms(rerank))
-        tuning = tune(index, vectors, ids, target=target, truth=truth, give_up_ms=bound, rerank=rerank)
+        needed = next(iter(best["params"].values()), None) if best is not None and best["meets_target"] else None
+        tuning = tune(index, vectors, ids, target=target, truth=truth, give_up_ms=bound, rerank=rerank,
+                      at_least=needed)
         lower = tuning.get("recall_at_10_lower", tuning["recall_at_10"])
         row = {"params": tuning["params"], "rerank": rerank, "recall_at_10": tuning["recall_at_10"],
                "recall_at_10_lower": lower, "meets_target": lower >= target and not tuning.get("gave_up"),

@@ -340,7 +340,8 @@ def tuning_queries(vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | 
 
 def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.ndarray | None = None, *,
          target: float = TARGET_RECALL, k: int = TUNE_K, n_queries: int = TUNE_QUERIES, seed: int = 0,
-         truth: TuningQueries | None = None, give_up_ms: float | None = None, rerank: int = 0) -> dict:
+         truth: TuningQueries | None = None, give_up_ms: float | None = None, rerank: int = 0,
+         at_least: int | None = None) -> dict:
     """The smallest nprobe / efSearch whose recall@k against exact search reaches `target` (its lower
     95% bound does), on up to `n_queries` gallery vectors (from `held_out` rows, those the index was
     not trained on, when given; or the queries of `truth`) searching for their neighbours, themselves
@@ -351,7 +352,8 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
     doubled setting that gains less than PLATEAU of recall (their ceiling: the rest would only scan more of
     the index for nothing). With `rerank` R, each search re-scores
     a shortlist of R x max(k, TUNE_K) with the float `vectors` (`reranked`), and "recall_at_10_raw" is
-    the recall at the setting found without that."""
+    the recall at the setting found without that. `at_least`: a setting below which none can meet the target
+    (a longer shortlist's: a shorter one finds no more at any setting), where the search begins."""
     info = describe(index)
     result = {"params": {}, "recall_at_10": 1.0, "target": target, "queries": 0, "items": len(vectors)}
     if info["exact"] or len(vectors) < 2:
@@ -383,6 +385,7 @@ def tune(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray, held_out: np.
         return result
     ivf = faiss.try_extract_index_ivf(index)
     low, high = (1, ivf.nlist) if ivf is not None else (k, 4096)
+    low = min(max(low, at_least or low), high)
     value, best, lo, before = low, None, low, None
     while True:
         r = recall_at(value)

@@ -170,6 +170,17 @@ def test_lossy_codes_stop_tuning_at_their_ceiling_instead_of_scanning_every_list
     assert tune(flat, x, ids, np.setdiff1d(ids, rows), target=0.999)["recall_at_10_lower"] >= 0.999
 
 
+def test_a_shorter_shortlist_starts_where_the_longer_one_met_the_target_and_finds_the_same_setting() -> None:
+    x = clustered(10_000)
+    ids = np.arange(10_000, dtype=np.int64)
+    index, rows = index_from_factory(x, ids, "IVF256,PQ8x8np")
+    held = np.setdiff1d(ids, rows)
+    longer = tune(index, x, ids, held, target=0.97, rerank=8)["params"]["nprobe"]
+    alone = tune(index, x, ids, held, target=0.97, rerank=4)
+    assert alone["recall_at_10_lower"] >= 0.97 and alone["params"]["nprobe"] > longer  # it needs more lists
+    assert tune(index, x, ids, held, target=0.97, rerank=4, at_least=longer)["params"] == alone["params"]
+
+
 def test_memory_budget_limits_the_candidates() -> None:
     roomy = candidates(1_000_000, 128, memory=2**40)
     assert [c.factory for c in roomy] == ["IVF16384_HNSW32,Flat", "IVF4096,Flat", "IDMap,HNSW16", "IDMap,HNSW32"]
