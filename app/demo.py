@@ -251,21 +251,23 @@ def compare_with_off_the_shelf(photos: dict[str, str], model: Path, baseline: Pa
     """Photo -> photo Recall@1 and MAP@R, photo -> catalogue accuracy@1 (also with the catalogue expanded by the
     photo gallery, `evaluate --expand-with`) on the held-out classes, of the backbone's off-the-shelf ImageNet
     features (exported to `baseline`) and of the fine-tuned `model`."""
-    from metricsearch.evaluation import evaluate_model
+    from metricsearch.data import load_query_gallery
+    from metricsearch.evaluation import evaluate
+    from metricsearch.evaluation.expansion import expand_gallery
     from metricsearch.models import OnnxEmbedder
     from metricsearch.train import export_pretrained
 
     if not baseline.is_file():
         export_pretrained(backbone, baseline, images=photos["query"])
+    queries, gallery = load_query_gallery(photos["query"], photos["gallery"])
+    shop_queries, catalogue = load_query_gallery(photos["query"], photos["catalogue"])  # the same photos
     figures: dict[str, Any] = {}
     for name, path in (("off-the-shelf", baseline), ("fine-tuned", model)):
         embedder = OnnxEmbedder(path, arena=False)
-        photo = evaluate_model(embedder, query=photos["query"], gallery=photos["gallery"], recall_k=(1,),
-                               with_nmi=False)
-        shop = evaluate_model(embedder, query=photos["query"], gallery=photos["catalogue"], recall_k=(1,),
-                              with_nmi=False)
-        expanded = evaluate_model(embedder, query=photos["query"], gallery=photos["catalogue"], recall_k=(1,),
-                                  with_nmi=False, expand_with=photos["gallery"])
+        q, g, c = (embedder.embed_set(images) for images in (queries, gallery, catalogue))  # each set once
+        photo = evaluate(q, queries.labels, g, gallery.labels, (1,), with_nmi=False)
+        shop = evaluate(q, shop_queries.labels, c, catalogue.labels, (1,), with_nmi=False)
+        expanded = evaluate(q, shop_queries.labels, expand_gallery(c, g), catalogue.labels, (1,), with_nmi=False)
         figures[name] = {"photo_recall_at_1": photo["recall_at_k"][1], "photo_map_at_r": photo["map_at_r"],
                          "catalogue_accuracy_at_1": shop["recall_at_k"][1],
                          "catalogue_expanded_at_1": expanded["recall_at_k"][1]}
