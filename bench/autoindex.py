@@ -12,6 +12,8 @@ setting at equal or better recall@10.
     python bench/autoindex.py --sizes 10000 100000 300000           # about 10 minutes a generator, 2 busy cores
     python bench/autoindex.py --sizes 1000000 --generators pareto   # about 15 minutes on 2 idle cores
     python bench/autoindex.py --sizes 2000000 --generators pareto   # about 40 minutes
+    python bench/autoindex.py --sizes 2000000 --generators uniform --swept IVF8192,Flat IVF32768_HNSW32,Flat
+        # `auto` again, against only the structures a full run found fastest at 0.95 (each sweep builds its index)
 
 autofaiss is a bench-only dependency, installed beside the project (it pins numpy < 2, so by hand):
 `pip install --no-deps autofaiss==2.18.0 embedding_reader fire termcolor`; without it its rows are
@@ -152,7 +154,7 @@ def sweep(factory: str, vectors: np.ndarray, queries: np.ndarray, exact: np.ndar
             "memory_mb": index_bytes_at(index, n) / 1e6, "points": points}
 
 
-def bench(n: int, generator: str) -> dict:
+def bench(n: int, generator: str, swept: list[str] | None = None) -> dict:
     vectors = GENERATORS[generator](n, n // 50)
     queries = GENERATORS[generator](QUERIES, n // 50, draw=99)  # new vectors of the same distribution
     exact = faiss.knn(queries, vectors, K, metric=faiss.METRIC_INNER_PRODUCT)[1]
@@ -165,7 +167,7 @@ def bench(n: int, generator: str) -> dict:
           flush=True)
     (name, value), = report["params"].items() or [(None, None)]
     out["auto"].update(param=name, value=value)  # set again before each timed call: a sweep may share the index
-    out["sweeps"] = [sweep(f, vectors, queries, exact) for f in swept_factories(n)]
+    out["sweeps"] = [sweep(f, vectors, queries, exact) for f in swept or swept_factories(n)]
     # autofaiss's budget: our per-query time at batch 256
     out["autofaiss_defaults"], out["autofaiss_budget"] = run_autofaiss(vectors, report["ms_batch_256"])
     entries = [e for e in (out["auto"], out["autofaiss_defaults"], out["autofaiss_budget"]) if e]
@@ -280,9 +282,13 @@ def main() -> None:
     parser.add_argument("--generators", nargs="*", choices=list(GENERATORS), default=list(GENERATORS),
                         help="the vectors: uniform (bench/gallery_speed.py's classes) and pareto (uneven sizes and "
                              "spreads)")
+    parser.add_argument("--swept", nargs="*", metavar="FACTORY",
+                        help="sweep only these faiss factory strings (default: HNSW32, IVF-Flat and IVF-HNSW at the "
+                             "list counts of `swept_factories`); IVF-Flat at the rule's lists must be among them (its "
+                             "tuning is the 'before' column)")
     parser.add_argument("--out", default="autoindex", help="results file name under bench/results (.md, .json)")
     args = parser.parse_args()
-    results = [bench(n, generator) for generator in args.generators for n in args.sizes]
+    results = [bench(n, generator, args.swept) for generator in args.generators for n in args.sizes]
     text = table(results)
     print(text)
     write_results(RESULTS / args.out, text, json.loads(json.dumps(results, default=float)))
