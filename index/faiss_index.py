@@ -253,15 +253,47 @@ def _prepare_training(index: faiss.Index, niter: int | None) -> int:
     return TRAIN_PER_LIST * ivf.nlist
 
 
+def coarse_centroids(index: faiss.Index) -> np.ndarray | None:
+    """The trained coarse centroids of an IVF index whose vectors are not transformed first (else None)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None or _inner(index)[1] or ivf.quantizer.ntotal != ivf.nlist:
+        return None
+    return ivf.quantizer.reconstruct_n(0, ivf.nlist)
+
+
+def _train_around(index: faiss.Index, sample: np.ndarray, centroids: np.ndarray) -> None:
+    """Train a CPU IVF index on `sample` with the coarse `centroids` of another (`coarse_centroids`) in place of
+    its own k-means: a rotation before it (OPQ) is trained first and turns them too (an orthonormal rotation
+    moves a k-means solution to the rotated one), then only the codes (PQ codebooks, SQ ranges) are trained."""
+    outer = faiss.downcast_index(index)
+    chain = outer.chain if isinstance(outer, faiss.IndexPreTransform) else None
+    for i in range(chain.size() if chain is not None else 0):
+        step = faiss.downcast_VectorTransform(chain.at(i))
+        if not step.is_trained:
+            step.train(sample)
+        if not (isinstance(step, faiss.LinearTransform) and step.is_orthonormal and step.d_in == step.d_out):
+            raise ValueError(f"coarse centroids cannot cross {type(step).__name__}: it is not a rotation")
+        sample, centroids = step.apply(sample), step.apply(centroids)
+    ivf = faiss.extract_index_ivf(index)
+    if centroids.shape != (ivf.nlist, ivf.d):
+        raise ValueError(f"{len(centroids)} coarse centroids of {centroids.shape[1]}-d for {ivf.nlist} lists of "
+                         f"{ivf.d}-d")
+    ivf.quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))  # a full quantizer: IVF skips k-means
+    (faiss.downcast_index(outer.index) if chain is not None else outer).train(np.ascontiguousarray(sample))
+    outer.is_trained = True
+
+
 def train_index(vectors: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
-                exclude: np.ndarray | None = None,
-                niter: int | None = None) -> tuple[faiss.Index, faiss.Index, np.ndarray]:
+                exclude: np.ndarray | None = None, niter: int | None = None,
+                centroids: np.ndarray | None = None) -> tuple[faiss.Index, faiss.Index, np.ndarray]:
     """An empty index `factory` for `vectors`, trained as `index_from_factory` trains it: the CPU index, the one
-    to add to (the same, or its copy on the GPUs with device gpu) and the rows of the training sample."""
+    to add to (the same, or its copy on the GPUs with device gpu) and the rows of the training sample.
+    `centroids`: the coarse centroids of an IVF index with the same lists (`coarse_centroids`), to train only
+    the rest (on the CPU)."""
     check_trainable(factory, vectors.shape[1], len(vectors))
     index = make_index(factory, vectors.shape[1])
     rows = np.zeros(0, dtype=np.int64)
-    work = to_device(index, device, len(vectors))
+    work = to_device(index, device, len(vectors)) if centroids is None else index
     if not index.is_trained:
         want = _prepare_training(index, niter)
         pool = np.setdiff1d(np.arange(len(vectors)), exclude if exclude is not None else [])
@@ -269,7 +301,10 @@ def train_index(vectors: np.ndarray, factory: str, device: str = "cpu", seed: in
         size = min(len(pool), want)
         rows = np.sort(np.random.default_rng(seed).choice(pool, size=size, replace=False))
         try:
-            work.train(np.ascontiguousarray(vectors[rows]))
+            if centroids is not None:
+                _train_around(work, np.ascontiguousarray(vectors[rows]), centroids)
+            else:
+                work.train(np.ascontiguousarray(vectors[rows]))
         except RuntimeError as exc:
             detail = str(exc).strip().splitlines()[-1]
             raise ValueError(f"faiss cannot train index {factory} on {size} vectors ({detail}): choose another "
@@ -281,11 +316,13 @@ def train_index(vectors: np.ndarray, factory: str, device: str = "cpu", seed: in
 
 
 def index_from_factory(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
-                       exclude: np.ndarray | None = None, niter: int | None = None) -> tuple[faiss.Index, np.ndarray]:
+                       exclude: np.ndarray | None = None, niter: int | None = None,
+                       centroids: np.ndarray | None = None) -> tuple[faiss.Index, np.ndarray]:
     """An index of `vectors` under `ids`, trained (k-means of `niter` iterations for IVF, faiss's default
-    when None) on a random sample (on the GPUs with device gpu) of the rows not in `exclude` (of all
-    rows when the others are too few); returns the CPU index and the rows of the training sample."""
-    index, work, rows = train_index(vectors, factory, device, seed, exclude, niter)
+    when None; none with the coarse `centroids` of another index: see `train_index`) on a random sample (on the
+    GPUs with device gpu) of the rows not in `exclude` (of all rows when the others are too few); returns the
+    CPU index and the rows of the training sample."""
+    index, work, rows = train_index(vectors, factory, device, seed, exclude, niter, centroids)
     work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
     return (index if work is index else to_cpu(work)), rows
 

@@ -12,9 +12,9 @@ import pytest
 from metricsearch.index.catalog import Catalog
 from metricsearch.index.faiss_files import load_index, save_index
 from metricsearch.index import faiss_index
-from metricsearch.index.faiss_index import (choose_index, describe, gpu_plan, index_from_factory, index_ids,
-                                            make_index, memory_bytes, recall_without_self, select_device, set_param,
-                                            to_device, tune)
+from metricsearch.index.faiss_index import (choose_index, coarse_centroids, describe, gpu_plan,
+                                            index_from_factory, index_ids, make_index, memory_bytes,
+                                            recall_without_self, select_device, set_param, to_device, tune)
 from metricsearch.index.state import net_changes
 from metricsearch.index.lmdb_store import ADD, REMOVE, ItemRecord
 
@@ -136,6 +136,30 @@ def test_an_hnsw_quantizer_trains_on_as_many_vectors_a_list_as_a_flat_one(vector
     assert len(rows) == len(flat_rows) == 250 * faiss_index.TRAIN_PER_LIST
     _, rows = index_from_factory(vectors, ids, "IVF1000_HNSW32,Flat")  # fewer than 40 a list: every vector trains
     assert len(rows) == len(vectors) and len(vectors) >= 1000 * faiss_index.HNSW_MIN_PER_LIST
+
+
+def test_indexes_with_the_same_lists_share_one_k_means_and_search_as_if_each_ran_its_own(vectors) -> None:
+    ids = np.arange(len(vectors), dtype=np.int64)
+    sq8, rows = index_from_factory(vectors, ids, "IVF64,SQ8", niter=6)
+    centroids = coarse_centroids(sq8)
+    assert centroids.shape == (64, 32) and coarse_centroids(make_index("IDMap,HNSW32", 32)) is None
+    queries = clustered(300, draw=7)
+    exact = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1]
+    for factory in ("IVF64,PQ8x8np", "OPQ8,IVF64,PQ8x8np"):  # OPQ: the centroids turned by its rotation
+        shared, shared_rows = index_from_factory(vectors, ids, factory, niter=6, centroids=centroids)
+        alone, alone_rows = index_from_factory(vectors, ids, factory, niter=6)
+        assert np.array_equal(shared_rows, alone_rows) and np.array_equal(rows, shared_rows)  # one sample, one seed
+        if factory.startswith("IVF"):  # the k-means it skipped finds these centroids
+            assert np.allclose(coarse_centroids(shared), coarse_centroids(alone), atol=1e-5)
+        else:  # rotated first: not shared on, searched alike
+            assert coarse_centroids(shared) is None and faiss.downcast_index(shared).is_trained
+        for index in (shared, alone):
+            set_param(index, "nprobe", 4)
+        recall = [recall_without_self(index.search(queries, 10)[1], exact, np.full(300, -1), 10)
+                  for index in (shared, alone)]
+        assert abs(recall[0] - recall[1]) < 0.01 and recall[0] > 0.2, (factory, recall)
+    with pytest.raises(ValueError, match="64 coarse centroids of 32-d for 128 lists"):
+        index_from_factory(vectors, ids, "IVF128,SQ8", centroids=centroids)
 
 
 def test_exact_and_untunable_indexes(vectors) -> None:
