@@ -174,8 +174,8 @@ def add_index_commands(sub, add: Callable[..., argparse.ArgumentParser]) -> None
     images(p)
     p.add_argument("--index", help="auto (builds the candidates that fit in memory: IVF-Flat, IVF with an HNSW "
                    "quantizer for large galleries, HNSW, exact search for small ones, compressed codes when memory "
-                   "is short; tunes each to recall@10 0.95, times each, keeps the simplest within 15%% of the fastest; "
-                   "exact search alone for vectors of 24 MiB or less), flat, ivf, ivfpq, hnsw, "
+                   "is short; tunes each to recall@10 0.95, times each, keeps the simplest within 15%% of the "
+                   "fastest in CPU time; exact search alone for vectors of 24 MiB or less), flat, ivf, ivfpq, hnsw, "
                    "or a faiss factory string (default: auto); with --resume, replaces the request of an unfinished "
                    "build")
     p.add_argument("--index-memory", type=float, metavar="GB", help="memory the faiss index build may use: with "

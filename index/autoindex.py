@@ -417,10 +417,11 @@ def candidate_lines(report: dict) -> list[str]:
         params += f", re-ranking {r['rerank']}x (+{r['read_ms'] * 1e3:.0f} us of LMDB reads)" if r.get("rerank") else ""
         raw = f", {r['recall_at_10_raw']:.3f} without re-ranking" if r.get("rerank") else ""
         mark = "*" if r["factory"] == report["factory"] else " "
+        # (indexes built before 2026-12-07 did not time CPU)
+        cpu = f" ({r['cpu_ms_batch_256'] * 1e3:.1f} us of CPU on one thread)" if "cpu_ms_batch_256" in r else ""
         out.append(f"{mark}{r['factory']} {params}: recall@10 {r['recall_at_10']:.3f} "
                    f"(lower {r['recall_at_10_lower']:.3f}{raw}), "
-                   f"{r['ms_batch_256'] * 1e3:.1f} us/query at batch 256 ({r['cpu_ms_batch_256'] * 1e3:.1f} us of "
-                   f"CPU on one thread), {r['ms_batch_1'] * 1e3:.1f} us at batch 1, "
-                   f"built in {r['build_s']:.1f} s")
+                   f"{r['ms_batch_256'] * 1e3:.1f} us/query at batch 256{cpu}, "
+                   f"{r['ms_batch_1'] * 1e3:.1f} us at batch 1, built in {r['build_s']:.1f} s")
     out += [f" {r['factory']}: skipped ({r['reason']})" for r in report.get("skipped", [])]
     return out

@@ -106,6 +106,9 @@ def test_cpu_time_per_query_counts_the_work_of_a_search_on_one_thread() -> None:
     _, report = build_index(clustered(3_000))
     assert all(c["cpu_ms_batch_256"] > 0 for c in report["candidates"]) and report["cpu_ms_batch_256"] > 0
     assert any("of CPU on one thread" in line for line in candidate_lines(report))
+    before = [{k: v for k, v in c.items() if k != "cpu_ms_batch_256"} for c in report["candidates"]]
+    lines = candidate_lines({**report, "candidates": before})  # a gallery indexed before CPU time was measured
+    assert len(lines) == len(candidate_lines(report)) and not any("of CPU" in line for line in lines)
 
 
 @pytest.mark.parametrize("target", [0.95, 0.99])
