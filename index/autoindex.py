@@ -20,8 +20,9 @@ busy machine stretch wall time unevenly between structures (a 2M build at load 9
 that are 1.36x apart on idle cores), but hardly the CPU a search takes.
 When no float index fits the memory budget, the candidates are compressed (IVF-SQ8, IVF-PQ, OPQ +
 IVF-PQ): each re-ranks a shortlist with the float vectors (`faiss_index.reranked`), its length tuned
-with nprobe. Candidates with the same coarse lists share one k-means (the first one's: the same sample and
-seed would give the same centroids), so that the compressed ones cost one k-means, not three."""
+with nprobe. Candidates with the same coarse lists share one k-means and one assignment of the vectors to
+lists (the first one's: the same sample and seed would give the same), so that the compressed ones cost one of
+each, not three."""
 
 from __future__ import annotations
 
@@ -36,8 +37,7 @@ import faiss
 import numpy as np
 
 from .faiss_index import (HNSW_MIN_PER_LIST, MEMORY_FRACTION, RERANK, TARGET_RECALL, TRAIN_PER_LIST, TUNE_K,
-                          IndexChoice, _inner, available_memory, choose_index, coarse_centroids, describe,
-                          index_from_factory,
+                          IndexChoice, _inner, available_memory, choose_index, describe, index_from_factory,
                           ivf_lists, make_index, memory_bytes, reranked, set_param, shortlist, tune, tuning_queries,
                           vectors_by_id)
 
@@ -126,12 +126,6 @@ def compressed(n: int, dim: int, memory: int | None = None) -> list[Candidate]:
     pq = choose_index(n, dim, "ivfpq", memory)
     code = int(re.search(r",PQ(\d+)", pq.factory).group(1))
     return [Candidate(pq.factory, "pq", n * (code + 8))]
-
-
-def coarse_spec(factory: str) -> str | None:
-    """The coarse quantizer part of an IVF factory string (`IVF4096` or `IVF65536_HNSW32`; None: not IVF)."""
-    found = re.search(r"(?:^|,)(IVF\d+(?:_HNSW\d+)?)(?:,|$)", factory)
-    return found.group(1) if found else None
 
 
 def pilot_seconds(vectors: np.ndarray, factory: str, seed: int = 0) -> float:
@@ -299,11 +293,8 @@ def build_index(vectors: np.ndarray, ids: np.ndarray | None = None, *, target_re
             skipped.append({"factory": cand.factory, "reason": why})
             continue
         began = time.perf_counter()
-        lists = coarse_spec(cand.factory)
         idx, _ = index_from_factory(vectors, ids, cand.factory, device, seed, exclude=truth.rows if truth else None,
-                                    niter=NITER, centroids=coarse.get(lists) if device == "cpu" else None)
-        if lists and lists not in coarse and (centroids := coarse_centroids(idx)) is not None:
-            coarse[lists] = centroids  # the same sample and seed: the k-means of the next ones with these lists
+                                    niter=NITER, shared=coarse)
         build_s = time.perf_counter() - began
         bound = min((PRUNE * (r["tuning_ms"] + r["read_ms"]) for r in rows if r["meets_target"]), default=None)
         result = _tuned(idx, vectors, ids, truth, target_recall, bound) if truth else {

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ TUNE_K = 10
 TUNE_QUERIES = 4_000  # enough for the recall estimate to be within about +-0.005
 PARAMS = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 RERANK = (64, 32, 16, 8, 4, 2)  # shortlists tried for lossy codes (largest first), x max(k, TUNE_K): `shortlist`
+ADD_CHUNK = 1 << 17  # vectors added to an IVF index at once (bounds the rotated copy of OPQ)
 RERANK_CHUNK = 64  # queries re-scored at once (bounds the memory of the vectors read for them)
 PLATEAU = 0.002  # lossy codes: a doubled nprobe / efSearch that gains less recall than this is their ceiling
 
@@ -253,6 +255,12 @@ def _prepare_training(index: faiss.Index, niter: int | None) -> int:
     return TRAIN_PER_LIST * ivf.nlist
 
 
+def coarse_spec(factory: str) -> str | None:
+    """The coarse quantizer part of an IVF factory string (`IVF4096` or `IVF65536_HNSW32`; None: not IVF)."""
+    found = re.search(r"(?:^|,)(IVF\d+(?:_HNSW\d+)?)(?:,|$)", factory)
+    return found.group(1) if found else None
+
+
 def coarse_centroids(index: faiss.Index) -> np.ndarray | None:
     """The trained coarse centroids of an IVF index whose vectors are not transformed first (else None)."""
     ivf = faiss.try_extract_index_ivf(index)
@@ -315,15 +323,46 @@ def train_index(vectors: np.ndarray, factory: str, device: str = "cpu", seed: in
     return index, work, rows
 
 
+def add_vectors(index: faiss.Index, vectors: np.ndarray, ids: np.ndarray,
+                lists: np.ndarray | None = None) -> np.ndarray | None:
+    """Add `vectors` under `ids` to a trained index; to a CPU IVF index through `lists`, each vector's coarse list
+    (assigned by its quantizer when None), and return those lists (None for other indexes)."""
+    ivf = faiss.try_extract_index_ivf(index)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if not isinstance(ivf, faiss.IndexIVF):
+        index.add_with_ids(np.ascontiguousarray(vectors), ids)
+        return None
+    outer = faiss.downcast_index(index)
+    chain = outer.chain if isinstance(outer, faiss.IndexPreTransform) else None
+    out = np.empty(len(vectors), np.int64) if lists is None else np.ascontiguousarray(lists, dtype=np.int64)
+    for start in range(0, len(vectors), ADD_CHUNK):
+        x = np.ascontiguousarray(vectors[start:start + ADD_CHUNK], dtype=np.float32)
+        for i in range(chain.size() if chain is not None else 0):
+            x = np.ascontiguousarray(chain.at(i).apply(x))
+        part = slice(start, start + len(x))
+        if lists is None:
+            out[part] = ivf.quantizer.search(x, 1)[1][:, 0]
+        ivf.add_core(len(x), faiss.swig_ptr(x), faiss.swig_ptr(ids[part]), faiss.swig_ptr(out[part]))
+    if chain is not None:
+        outer.ntotal = ivf.ntotal
+    return out
+
+
 def index_from_factory(vectors: np.ndarray, ids: np.ndarray, factory: str, device: str = "cpu", seed: int = 0,
                        exclude: np.ndarray | None = None, niter: int | None = None,
-                       centroids: np.ndarray | None = None) -> tuple[faiss.Index, np.ndarray]:
+                       shared: dict | None = None) -> tuple[faiss.Index, np.ndarray]:
     """An index of `vectors` under `ids`, trained (k-means of `niter` iterations for IVF, faiss's default
-    when None; none with the coarse `centroids` of another index: see `train_index`) on a random sample (on the
-    GPUs with device gpu) of the rows not in `exclude` (of all rows when the others are too few); returns the
-    CPU index and the rows of the training sample."""
+    when None) on a random sample (on the GPUs with device gpu) of the rows not in `exclude` (of all
+    rows when the others are too few); returns the CPU index and the rows of the training sample.
+    `shared`: coarse lists already made for these vectors (by `coarse_spec`: centroids and each vector's list),
+    on the CPU: an IVF index with the same lists takes them instead of its own k-means and assignment (the same
+    sample and seed would make the same), and the first of each is put there for the next."""
+    spec = coarse_spec(factory) if shared is not None and device == "cpu" else None
+    centroids, lists = shared.get(spec, (None, None)) if spec else (None, None)
     index, work, rows = train_index(vectors, factory, device, seed, exclude, niter, centroids)
-    work.add_with_ids(np.ascontiguousarray(vectors), np.asarray(ids, dtype=np.int64))
+    lists = add_vectors(work, vectors, ids, lists)
+    if spec and spec not in shared and (own := coarse_centroids(index)) is not None:
+        shared[spec] = (own, lists)
     return (index if work is index else to_cpu(work)), rows
 
 

@@ -14,7 +14,8 @@ from metricsearch.index.faiss_files import load_index, save_index
 from metricsearch.index import faiss_index
 from metricsearch.index.faiss_index import (choose_index, coarse_centroids, describe, gpu_plan,
                                             index_from_factory, index_ids, make_index, memory_bytes,
-                                            recall_without_self, select_device, set_param, to_device, tune)
+                                            recall_without_self, select_device, set_param, to_device, train_index,
+                                            tune)
 from metricsearch.index.state import net_changes
 from metricsearch.index.lmdb_store import ADD, REMOVE, ItemRecord
 
@@ -139,27 +140,34 @@ def test_an_hnsw_quantizer_trains_on_as_many_vectors_a_list_as_a_flat_one(vector
 
 
 def test_indexes_with_the_same_lists_share_one_k_means_and_search_as_if_each_ran_its_own(vectors) -> None:
-    ids = np.arange(len(vectors), dtype=np.int64)
-    sq8, rows = index_from_factory(vectors, ids, "IVF64,SQ8", niter=6)
-    centroids = coarse_centroids(sq8)
-    assert centroids.shape == (64, 32) and coarse_centroids(make_index("IDMap,HNSW32", 32)) is None
+    ids = np.arange(len(vectors), dtype=np.int64) * 3 + 1
+    shared: dict = {}
+    sq8, rows = index_from_factory(vectors, ids, "IVF64,SQ8", niter=6, shared=shared)
+    (centroids, lists), = shared.values()  # the first index with these lists put its k-means and assignment there
+    assert list(shared) == ["IVF64"] and np.allclose(centroids, coarse_centroids(sq8))
+    assert np.array_equal(lists, faiss.extract_index_ivf(sq8).quantizer.search(vectors, 1)[1][:, 0])
+    assert coarse_centroids(make_index("IDMap,HNSW32", 32)) is None
     queries = clustered(300, draw=7)
-    exact = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1]
-    for factory in ("IVF64,PQ8x8np", "OPQ8,IVF64,PQ8x8np"):  # OPQ: the centroids turned by its rotation
-        shared, shared_rows = index_from_factory(vectors, ids, factory, niter=6, centroids=centroids)
+    exact = ids[faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1]]
+    for factory in ("IVF64,SQ8", "IVF64,PQ8x8np", "OPQ8,IVF64,PQ8x8np"):  # OPQ: the centroids turned by its rotation
+        taken, taken_rows = index_from_factory(vectors, ids, factory, niter=6, shared=shared)
         alone, alone_rows = index_from_factory(vectors, ids, factory, niter=6)
-        assert np.array_equal(shared_rows, alone_rows) and np.array_equal(rows, shared_rows)  # one sample, one seed
+        assert np.array_equal(taken_rows, alone_rows) and np.array_equal(rows, taken_rows)  # one sample, one seed
+        assert index_ids(taken).tolist() == ids.tolist() and taken.ntotal == len(vectors)
         if factory.startswith("IVF"):  # the k-means it skipped finds these centroids
-            assert np.allclose(coarse_centroids(shared), coarse_centroids(alone), atol=1e-5)
+            assert np.allclose(coarse_centroids(taken), coarse_centroids(alone), atol=1e-5)
         else:  # rotated first: not shared on, searched alike
-            assert coarse_centroids(shared) is None and faiss.downcast_index(shared).is_trained
-        for index in (shared, alone):
+            assert coarse_centroids(taken) is None and faiss.downcast_index(taken).is_trained
+        for index in (taken, alone):
             set_param(index, "nprobe", 4)
+        if factory == "IVF64,SQ8":  # the same lists and codes: the same index
+            assert np.array_equal(taken.search(queries, 10)[1], alone.search(queries, 10)[1])
         recall = [recall_without_self(index.search(queries, 10)[1], exact, np.full(300, -1), 10)
-                  for index in (shared, alone)]
+                  for index in (taken, alone)]
         assert abs(recall[0] - recall[1]) < 0.01 and recall[0] > 0.2, (factory, recall)
+    assert list(shared) == ["IVF64"]
     with pytest.raises(ValueError, match="64 coarse centroids of 32-d for 128 lists"):
-        index_from_factory(vectors, ids, "IVF128,SQ8", centroids=centroids)
+        train_index(vectors, "IVF128,SQ8", centroids=centroids)
 
 
 def test_exact_and_untunable_indexes(vectors) -> None:
