@@ -145,7 +145,8 @@ def table(rows: list[dict]) -> str:
               f"{rows[0]['lmdb_bytes'] / rows[0]['n']:.0f}.", ""]
     for r in rows[::2]:
         budget = "none" if r["budget_gb"] is None else f"{r['budget_gb']:g} GB"
-        lines.append(f"- budget {budget}: {r['candidates']} candidates measured; why: {r['reason']}"
+        plural = "s" * (r["candidates"] != 1)
+        lines.append(f"- budget {budget}: {r['candidates']} candidate{plural} measured to the end; why: {r['reason']}"
                      + "".join(f"; skipped {s['factory']}: {s['reason']}" for s in r["skipped"]))
     return "\n".join(lines)
 
