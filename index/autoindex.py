@@ -386,9 +386,10 @@ def pick(rows: list[dict], target: float) -> tuple[dict, str]:
 
     fastest = min(meeting, key=ms)
     if len(meeting) == 1:
-        return fastest, (f"the only one of the {len(rows)} candidates measured to the end that meets recall@10 >= "
-                         f"{target} (lower 95% bound): {ms(fastest) * 1e3:.1f} us/query (CPU time at batch 256, "
-                         "one thread)")
+        which = (f"the only one of the {len(rows)} candidates measured to the end that meets" if len(rows) > 1
+                 else "the only candidate measured to the end, meeting")
+        return fastest, (f"{which} recall@10 >= {target} (lower 95% bound): {ms(fastest) * 1e3:.1f} us/query (CPU "
+                         "time at batch 256, one thread)")
     close = [r for r in meeting if ms(r) <= SIMPLER_WITHIN * ms(fastest)]
     best = min(close, key=simplicity)
     why = (f"the simplest within {SIMPLER_WITHIN:.2f}x of the fastest (CPU time at batch 256, one thread) among the "

@@ -85,6 +85,7 @@ def test_candidates_within_15_percent_of_the_fastest_resolve_to_the_simplest() -
     assert pick([missing], 0.95)[0] is missing and "no candidate reached" in pick([missing], 0.95)[1]
     best, why = pick([missing, ivf], 0.95)
     assert best is ivf and why.startswith("the only one of the 2 candidates measured to the end that meets")
+    assert pick([ivf], 0.95)[1].startswith("the only candidate measured to the end, meeting recall@10 >= 0.95")
 
 
 def test_the_choice_compares_cpu_time_on_one_thread_not_wall_time_stretched_by_other_load() -> None:
