@@ -40,8 +40,7 @@ class ArrayEmbedder(ABC):
 
     def batch_within(self, memory: int = DEFAULT_MEMORY) -> int:
         """The largest inference batch (at most `largest_batch`) that keeps this process within `memory` bytes at
-        its peak, from its bytes per image measured once on this embedder (see models/memory_budget.py): a second
-        measurement would see the heap pages the first one left and find less."""
+        its peak, from its bytes per image measured once on this embedder (see models/memory_budget.py)."""
         chosen = self.__dict__.setdefault("_batches", {})
         if memory not in chosen:
             p = self.preprocessing

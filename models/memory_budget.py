@@ -9,6 +9,9 @@ and divides what the budget leaves by the sum.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+from functools import cache
 from pathlib import Path
 from typing import Callable
 
@@ -53,9 +56,27 @@ def resident_bytes(key: str = "VmRSS") -> int | None:
     return None
 
 
+@cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+    except OSError:
+        return None
+
+
+def _give_back_free_heap() -> None:
+    """Return the C heap's free pages to the system, so that the resident set counts only memory in use (a
+    process that freed a large batch keeps its pages resident, and a later batch would reuse them unseen)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def peak_of(fn: Callable[[], object]) -> int | None:
     """How far this process's resident memory rose above its value before while `fn()` ran, in bytes; None
     where Linux's peak counter cannot be reset (other systems, or a kernel that forbids it)."""
+    _give_back_free_heap()
     before = resident_bytes()
     try:
         Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
