@@ -89,7 +89,7 @@ def timed_in_turn(entries: list[dict], queries: np.ndarray, rounds_256: int = 6,
     call by call (which goes first rotates), so that all see the same load on this shared machine. Each timed
     call follows an untimed one of the same entry on other queries: an index is timed warm, as a process that
     serves it sees it, not cold in the caches after another index's turn (which slowed the first entry of each
-    index, `auto`'s among them, by up to 1.6x at 100k)."""
+    index, `auto`'s always among them)."""
     def batch_at(start: int, batch: int) -> np.ndarray:
         return np.ascontiguousarray(np.take(queries, np.arange(start, start + batch) % len(queries), axis=0))
 
