@@ -147,12 +147,17 @@ def ms_per_query(searches: list[Callable[[np.ndarray], object]], queries: np.nda
     """Median milliseconds per query of each search (a function of a batch of queries) over `calls` batches of
     `batch` queries (after one warm-up), fewer (3 at least) where they take more than `seconds` a search; the
     searches take turns call by call (which goes first rotates), so that all see the same load on a shared
-    machine. `clock`: wall time by default."""
+    machine, and each timed call follows an untimed one of the same search on other queries, so that each is
+    timed warm in the caches, as the process serving it alone sees it. `clock`: wall time by default."""
+    def batch_at(start: int) -> np.ndarray:
+        return np.ascontiguousarray(np.take(queries, np.arange(start, start + batch) % len(queries), axis=0))
+
     times: list[list[float]] = [[] for _ in searches]
     order = list(range(len(searches)))
     for c in range(calls + 1):
-        x = np.ascontiguousarray(np.take(queries, np.arange(c * batch, (c + 1) * batch) % len(queries), axis=0))
+        x, warm = batch_at(c * batch), batch_at(c * batch + len(queries) // 2)
         for i in order[c % len(order):] + order[:c % len(order)]:
+            searches[i](warm)
             start = clock()
             searches[i](x)
             times[i].append(clock() - start)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from metricsearch.index import autoindex, build_index
-from metricsearch.index.autoindex import (candidate_lines, candidates, cpu_ms_per_query, pick, pilot_seconds,
-                                          simplicity)
+from metricsearch.index.autoindex import (candidate_lines, candidates, cpu_ms_per_query, ms_per_query, pick,
+                                          pilot_seconds, simplicity)
 from metricsearch.index.catalog import Catalog
 from metricsearch.index.faiss_index import (RERANK, describe, index_from_factory, index_ids, recall_without_self,
                                             reranked, rescored, tune, vectors_by_id)
@@ -95,6 +95,19 @@ def test_the_choice_compares_cpu_time_on_one_thread_not_wall_time_stretched_by_o
     wide = row("IVF32768_HNSW32,Flat", "ivf_hnsw", 0.0100, 1057, wall=1.732)
     best, why = pick([ivf, wide], 0.95)
     assert best is wide and "CPU time" in why and "1.36x faster than IVF8192,Flat" in why
+
+
+def test_each_timed_search_follows_one_of_its_own_on_other_queries() -> None:
+    """A serving process searches one index, warm in the caches: a candidate timed right after another one's
+    turn is timed cold (in bench/autoindex.py, timed so, the first setting of each index took longer than the next
+    one, which probes more lists)."""
+    calls: list[tuple[int, bytes]] = []
+    queries = np.arange(4_000 * 4, dtype=np.float32).reshape(4_000, 4)
+    searches = [lambda x, i=i: calls.append((i, x.tobytes())) for i in range(3)]
+    ms_per_query(searches, queries, 256, 4, seconds=1e9, clock=lambda: float(len(calls)))
+    assert len(calls) == 3 * 5 * 2
+    for (warm_by, warm), (timed_by, timed) in zip(calls[::2], calls[1::2]):
+        assert warm_by == timed_by and warm != timed
 
 
 def test_cpu_time_per_query_counts_the_work_of_a_search_on_one_thread() -> None:
