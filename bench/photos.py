@@ -183,6 +183,7 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
 
     def add(name: str, what: str, fold: str, scores: dict[str, np.ndarray], **info: Any) -> None:
         row = rows.setdefault(name, {"row": name, "what": what, "scores": {}, "train": {}})
+        row["what"] = what  # the chosen row's grows fold by fold
         row["scores"][fold] = scores
         row["train"].update(info)
 
