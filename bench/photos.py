@@ -26,9 +26,13 @@ loop) against a bare PyTorch loop with the same model, batch, loss and optimizer
 decoded in memory (the compute ceiling), one after the other in this process. With the recipe's
 `trunk_cache` both loops train on the cached trunk outputs, and the cache's cost is the setup's.
 
-Honest choice of the loss (issue 88): `--families ms proxy_anchor --choose-on-val 0.25` trains each family without
-a quarter of its fold's training classes (best.pt chosen on them), scores every family on them (photo -> catalogue,
-expanded) and adds a row "chosen on validation classes": per fold, the test half's scores of the family they chose.
+Honest choice (issue 88): `--families ms proxy_anchor --choose-on-val 0.25` trains each family without a quarter
+of its fold's training classes (best.pt chosen on them) and scores every family under every expansion rule of
+EXPANSIONS on them (photo -> catalogue); a row "chosen on validation classes" gives, per fold, the test half's scores
+of the family and rule they chose (its expanded column is that rule's). The same run trains today's recipe (`ms` on
+every training class, its last epoch, as `train --config grocery` does) as the row "the recipe", and every row gets
+the paired differences to it: photo -> photo Recall@1, and photo -> catalogue (the row's expanded against the
+recipe's plain catalogue, the figure issue 88 was filed on).
 
 `--keep DIR --reuse` scores the runs already in DIR instead of training them again (e.g. after a new column).
 
@@ -72,6 +76,8 @@ RESULTS = REPO / "bench" / "results" / "photos"
 HALVES = ("half1", "half2")
 METRICS = ("recall_at_1", "map_at_r", "catalogue_at_1", "catalogue_expanded_at_1")
 BACKBONE = "efficientnet_lite0"
+RECIPE_ROW = "the recipe"  # with --choose-on-val: today's recipe, every training class, its last epoch
+CHOSEN_ROW = "chosen on validation classes"
 
 #: family -> (overrides of configs/grocery.yaml, what it is)
 FAMILIES: dict[str, tuple[list[str], str]] = {
@@ -92,6 +98,23 @@ FAMILIES: dict[str, tuple[list[str], str]] = {
 }
 
 
+def nearest_photos(catalogue: np.ndarray, pool: np.ndarray, k: int = 5) -> np.ndarray:
+    """Database-side augmentation: each entry plus the mean of its k nearest pool photos, re-normalised."""
+    near = nearest(sq_distances(catalogue, pool), k)
+    return normalized(catalogue + pool[near].mean(1))
+
+
+#: expansion rule -> the catalogue entries it makes from the catalogue and the unlabelled pool (LOG.md's variants);
+#: the first is the product's (`evaluate --expand-with`), and --choose-on-val lets validation classes choose
+EXPANSIONS = {
+    "anchored k-means": expand_gallery,
+    "one round": lambda catalogue, pool: expand_gallery(catalogue, pool, rounds=1),
+    "nearest 5": nearest_photos,
+    "none": lambda catalogue, pool: catalogue,
+}
+SHIPPED = next(iter(EXPANSIONS))
+
+
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process and its finished children (DataLoader workers)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -107,10 +130,15 @@ def fold_sets(data: Path, half: str) -> dict[str, ImageSet]:
     return {"query": query, "gallery": gallery, "catalogue": catalogue, "query_c": query_c, "fit": fit}
 
 
+def embedded(model: Any, sets: dict[str, ImageSet]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The query photos', photo gallery's and catalogue's embeddings."""
+    return tuple(model.embed_set(sets[k], batch_size=64) for k in ("query", "gallery", "catalogue"))
+
+
 def per_query(model: Any, sets: dict[str, ImageSet], dims: list[int] = ()) -> dict[int | None, dict[str, np.ndarray]]:
     """Per query photo: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1; under None for the model's own
     embedding, under each of `dims` for it projected by a PCA fit on the fold's training photos (`export --dim`)."""
-    q, g, c = (model.embed_set(sets[k], batch_size=64) for k in ("query", "gallery", "catalogue"))
+    q, g, c = embedded(model, sets)
     out = {None: scores(q, g, c, sets)}
     if dims:
         fit = model.embed_set(sets["fit"], batch_size=64)
@@ -120,9 +148,16 @@ def per_query(model: Any, sets: dict[str, ImageSet], dims: list[int] = ()) -> di
     return out
 
 
-def scores(q: np.ndarray, g: np.ndarray, c: np.ndarray, sets: dict[str, ImageSet]) -> dict[str, np.ndarray]:
+def per_rule(model: Any, sets: dict[str, ImageSet]) -> dict[str, dict[str, np.ndarray]]:
+    """`scores` under each expansion rule of EXPANSIONS (the sets embedded once)."""
+    q, g, c = embedded(model, sets)
+    return {name: scores(q, g, c, sets, rule) for name, rule in EXPANSIONS.items()}
+
+
+def scores(q: np.ndarray, g: np.ndarray, c: np.ndarray, sets: dict[str, ImageSet],
+           expand: Any = expand_gallery) -> dict[str, np.ndarray]:
     """Per query: photo -> photo hit@1 and AP@R, photo -> catalogue hit@1 (also with the catalogue expanded by the
-    photo gallery, its labels unused), from the three sets' embeddings."""
+    photo gallery, its labels unused, by the rule `expand`), from the three sets' embeddings."""
     ql, gl = sets["query"].labels, sets["gallery"].labels
     r = (gl[None, :] == ql[:, None]).sum(1)
     relevant = gl[nearest(sq_distances(q, g), int(r.max()))] == ql[:, None]
@@ -130,7 +165,7 @@ def scores(q: np.ndarray, g: np.ndarray, c: np.ndarray, sets: dict[str, ImageSet
         return (sets["catalogue"].labels[sq_distances(q, entries).argmin(1)] == sets["query_c"].labels).astype(float)
 
     return {"recall_at_1": relevant[:, 0].astype(float), "map_at_r": average_precision_at_r(relevant, r),
-            "catalogue_at_1": catalogue_hits(c), "catalogue_expanded_at_1": catalogue_hits(expand_gallery(c, g))}
+            "catalogue_at_1": catalogue_hits(c), "catalogue_expanded_at_1": catalogue_hits(expand(c, g))}
 
 
 def bootstrap(values: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
@@ -163,21 +198,41 @@ def validation_sets(data: Path, half: str, fraction: float, seed: int) -> dict[s
             for k, v in fold_sets(data, other).items() if k != "fit"}
 
 
-def chosen_on_validation(val_scores: dict[str, dict[str, np.ndarray]]) -> tuple[str, str]:
-    """The family whose photo -> catalogue accuracy@1 on the validation classes (expanded) is highest (the first
-    listed on a tie), and a line of every family's validation figures."""
-    means = {f: {m: float(v.mean()) for m, v in scores.items()} for f, scores in val_scores.items()}
-    best = max(means, key=lambda f: means[f]["catalogue_expanded_at_1"])
-    return best, ", ".join(f"{f} {m['catalogue_expanded_at_1']:.3f} ({m['catalogue_at_1']:.3f} plain, R@1 "
-                           f"{m['recall_at_1']:.3f})" for f, m in means.items())
+def chosen_on_validation(val_scores: dict[str, dict[str, dict[str, np.ndarray]]]) -> tuple[str, str, str]:
+    """The (family, expansion rule) whose photo -> catalogue accuracy@1 on the validation classes is highest (the
+    first listed on a tie: families in their order, then rules in EXPANSIONS' order), and a line of every figure."""
+    means = {(f, r): float(by[r]["catalogue_expanded_at_1"].mean()) for f, by in val_scores.items() for r in by}
+    family, rule = max(means, key=means.get)
+    return family, rule, "; ".join(
+        f"{f}: " + ", ".join(f"{r} {means[f, r]:.3f}" for r in by) + f" (R@1 {by[SHIPPED]['recall_at_1'].mean():.3f})"
+        for f, by in val_scores.items())
+
+
+def trained(family: str, half: str, data: Path, out: Path, extra: list[str], val: float,
+            reuse: bool) -> tuple[Any, dict[str, Any]]:
+    """A family's model trained with `half` held out (best.pt with validation classes, else last.pt; with `reuse`,
+    the run already in `out`), and its training time."""
+    config = recipe(family, half, data, out, extra, val)
+    t0, c0, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
+    checkpoint = "best.pt" if val else "last.pt"
+    kept = out / config["name"] / checkpoint
+    reused = reuse and kept.is_file()
+    if not reused:
+        kept = train(config, progress=False).run_dir / checkpoint
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    print(f"{family} {half}{f' (validation classes {val:g})' if val else ''}: {wall:.0f} s wall, {cpu:.0f} s CPU "
+          f"(load {load:.1f})", file=sys.stderr, flush=True)
+    return load_embedder(kept), {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load": round(load, 1),
+                                 "epochs": config["epochs"], "reused": reused, "seed": config["seed"]}
 
 
 def run(families: list[str], folds: list[str], data: Path, extra: list[str], keep: Path | None,
         partial: Path | None = None, dims: list[int] = (), reuse: bool = False, val: float = 0.0) -> list[dict]:
     """Score every row on every fold (fold by fold); after each training, the table so far goes to `partial`;
     with `reuse`, a family's run already in `keep` is scored, not trained again. With `val` > 0 the families train
-    without that fraction of their classes, best.pt chosen on them, and a last row scores, per fold, the family
-    those validation classes choose (`chosen_on_validation`): the test half never chooses."""
+    without that fraction of their classes, best.pt chosen on them, today's recipe trains on every class (the row
+    RECIPE_ROW), and a last row scores, per fold, the family and expansion rule those validation classes choose
+    (`chosen_on_validation`): the test half never chooses."""
     size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
     rows: dict[str, dict[str, Any]] = {}
 
@@ -186,49 +241,43 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
         row["what"] = what  # the chosen row's grows fold by fold
         row["scores"][fold] = scores
         row["train"].update(info)
+        if partial is not None and info:  # after each training
+            partial.write_text(table(summarise(list(rows.values()), size), size, None) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="photos_bench_") as tmp:
         out = keep or Path(tmp)
         for half in folds:
-            sets, val_scores = fold_sets(data, half), {}
+            sets, val_scores, test_scores = fold_sets(data, half), {}, {}
             add("pixels", "raw 32x32 RGB pixels, no training", half, per_query(PixelEmbedder(32, 3), sets)[None])
             for s in sorted({size, 224}):
                 for dim, found in per_query(off_the_shelf(s), sets, dims if s == size else []).items():
                     add(f"off-the-shelf {s}px" + (f" {dim}-d" if dim else ""), f"{BACKBONE} ImageNet pooled features "
                         f"at {s} px" + (f", PCA to {dim}-d" if dim else ""), half, found)
+            if val:
+                model, timing = trained("ms", half, data, out, extra, 0.0, reuse)
+                add(RECIPE_ROW, "today's recipe: configs/grocery.yaml (ms) on every training class, its last epoch",
+                    half, per_query(model, sets)[None], **{half: timing})
             for family in families:
-                config = recipe(family, half, data, out, extra, val)
-                t0, c0, load = time.perf_counter(), cpu_seconds(), os.getloadavg()[0]
-                checkpoint = "best.pt" if val else "last.pt"
-                kept = out / config["name"] / checkpoint
-                reused = reuse and kept.is_file()
-                if not reused:
-                    kept = train(config, progress=False).run_dir / checkpoint
-                wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-                model = load_embedder(kept)
-                found = per_query(model, sets, dims)
+                model, timing = trained(family, half, data, out, extra, val, reuse)
                 if val:
-                    val_scores[family] = per_query(model, validation_sets(data, half, val, config["seed"]))[None]
+                    test_scores[family] = per_rule(model, sets)
+                    val_scores[family] = per_rule(model, validation_sets(data, half, val, timing["seed"]))
+                found = {None: test_scores[family][SHIPPED]} if val and not dims else per_query(model, sets, dims)
                 for dim, by_query in found.items():
                     what = FAMILIES[family][1] + (f", PCA to {dim}-d" if dim else "")
-                    timing = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load": round(load, 1),
-                              "epochs": config["epochs"], "reused": reused}
                     add(family + (f" {dim}-d" if dim else ""), what, half, by_query, **{half: timing})
-                print(f"{family} {half}: {wall:.0f} s wall, {cpu:.0f} s CPU (load {load:.1f}); "
-                      + ", ".join(f"{k} {v.mean():.3f}" for k, v in found[None].items()), file=sys.stderr, flush=True)
-                if partial is not None:
-                    partial.write_text(table(summarise(list(rows.values()), size), size, None) + "\n")
             if val_scores:
-                best, figures = chosen_on_validation(val_scores)
-                earlier = rows.get("chosen on validation classes", {}).get("what", "")
-                add("chosen on validation classes", (earlier + "; " if earlier else "") + f"{half} held out: {best}, "
-                    f"chosen on {val:g} of the training classes (expanded catalogue acc@1 there: {figures})", half,
-                    rows[best]["scores"][half])
+                family, rule, figures = chosen_on_validation(val_scores)
+                earlier = rows.get(CHOSEN_ROW, {}).get("what", "")
+                add(CHOSEN_ROW, (earlier + "; " if earlier else "") + f"{half} held out: {family} with the expansion "
+                    f"'{rule}', chosen on {val:g} of the training classes (expanded catalogue acc@1 there: {figures})",
+                    half, test_scores[family][rule])
     return list(rows.values())
 
 
 def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
-    """Pooled per-query scores with bootstrap intervals, and the paired Recall@1 difference to off-the-shelf."""
+    """Pooled per-query scores with bootstrap intervals, the paired Recall@1 difference to off-the-shelf, and to
+    today's recipe where the run trained it (RECIPE_ROW)."""
     reference = next(r for r in rows if r["row"] == f"off-the-shelf {size}px")
     out = []
     for r in rows:
@@ -240,6 +289,11 @@ def summarise(rows: list[dict[str, Any]], size: int) -> list[dict[str, Any]]:
                 **{m: bootstrap(v) for m, v in p.items()},
                 "by_fold": {f: {m: float(v.mean()) for m, v in r["scores"][f].items()} for f in folds},
                 "recall_at_1_vs_off_the_shelf": bootstrap(p["recall_at_1"] - ref)}
+        base = next((b for b in rows if b["row"] == RECIPE_ROW and all(f in b["scores"] for f in folds)), None)
+        if base is not None and r is not base:  # paired to the recipe: Recall@1; expanded catalogue to its plain
+            item["vs_recipe"] = {m: bootstrap(p[m] - np.concatenate([base["scores"][f][b] for f in folds]))
+                                 for m, b in (("recall_at_1", "recall_at_1"),
+                                              ("catalogue_expanded_at_1", "catalogue_at_1")) if m in p}
         full = next((f for f in rows if r["row"].startswith(f["row"] + " ") and r["row"].endswith("-d")), None)
         if full is not None:  # a projected row: the paired difference to its own model's full embedding
             item["recall_at_1_vs_full"] = bootstrap(p["recall_at_1"] - np.concatenate(
@@ -299,24 +353,30 @@ def table(summary: list[dict[str, Any]], size: int, fast: dict[str, float] | Non
     def ci(v) -> str:
         return f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
 
+    def signed(v) -> str:
+        return f"{v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]"
+
     folds = "+".join(summary[0]["folds"])
+    paired = any("vs_recipe" in s for s in summary)
     lines = [f"Grocery Store, unseen classes, held-out halves {folds} pooled (a row's queries over the folds it ran); "
              "mean [95% bootstrap interval over queries]", "",
              "| row | photo->photo R@1 | photo->photo MAP@R | photo->catalogue acc@1 | photo->catalogue, expanded | "
-             f"R@1 vs off-the-shelf {size}px (paired) | R@1 vs own full dimension (paired) | R@1 by fold | "
-             "train wall / CPU s per fold |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"R@1 vs off-the-shelf {size}px (paired) | R@1 vs own full dimension (paired) | "
+             + ("vs the recipe (paired): R@1; expanded catalogue vs the recipe's plain | " if paired else "")
+             + "R@1; expanded catalogue by fold | train wall / CPU s per fold |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if paired else "")]
     for s in summary:
         vs = s.get("recall_at_1_vs_off_the_shelf")
-        diff = f"{vs[0]:+.3f} [{vs[1]:+.3f}, {vs[2]:+.3f}]" if vs and s["row"] != f"off-the-shelf {size}px" else ""
-        own = s.get("recall_at_1_vs_full")
-        own = f"{own[0]:+.3f} [{own[1]:+.3f}, {own[2]:+.3f}]" if own else ""
-        by = " / ".join(f"{v['recall_at_1']:.3f}" for v in s["by_fold"].values())
+        diff = signed(vs) if vs and s["row"] != f"off-the-shelf {size}px" else ""
+        own = signed(s["recall_at_1_vs_full"]) if "recall_at_1_vs_full" in s else ""
+        by = "; ".join(" / ".join(f"{v[m]:.3f}" for v in s["by_fold"].values() if m in v)
+                       for m in ("recall_at_1", "catalogue_expanded_at_1"))
+        recipe_diff = ("; ".join(signed(v) for v in s["vs_recipe"].values()) if "vs_recipe" in s else "") + " | "
         t = " / ".join("kept run" if v.get("reused") else f"{v['wall_s']:.0f} / {v['cpu_s']:.0f}"
                        for v in s["train"].values()) or "-"
         expanded = ci(s["catalogue_expanded_at_1"]) if "catalogue_expanded_at_1" in s else "-"
         lines.append(f"| {s['row']} | {ci(s['recall_at_1'])} | {ci(s['map_at_r'])} | {ci(s['catalogue_at_1'])} "
-                     f"| {expanded} | {diff} | {own} | {by} | {t} |")
+                     f"| {expanded} | {diff} | {own} | {recipe_diff if paired else ''}{by} | {t} |")
     lines += ["", "Rows: " + "; ".join(f"{s['row']}: {s['what']}" for s in summary)]
     if fast:
         lines += ["", f"Training speed ({fast['batches']} batches of {fast['batch']}, {fast['num_workers']} DataLoader "
@@ -348,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --keep: score the runs already there instead of training them again")
     parser.add_argument("--choose-on-val", type=float, default=0.0, metavar="F",
                         help="train each family without this fraction of its training classes (best.pt chosen on "
-                             "them) and add a row of the family they choose per fold, e.g. 0.25 with --families ms "
-                             "proxy_anchor (default 0: every training class trains, the last epoch is scored)")
+                             "them), add a row of the family and expansion rule they choose per fold and a row of "
+                             "today's recipe on every class, paired to it, e.g. 0.25 with --families ms proxy_anchor "
+                             "(default 0: every training class trains, the last epoch is scored)")
     parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
                         help="no training: one table from earlier runs' results (e.g. one run per fold)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="write RESULTS.md and RESULTS.json")

@@ -1,5 +1,5 @@
-"""bench/photos.py's honest choice of the loss (issue 88): the validation classes it scores are the ones the trainer
-held out of the same run, never the test half's, and the choice reads only their figures."""
+"""bench/photos.py's honest choice of the loss and the expansion rule (issue 88): the validation classes it scores are
+the ones the trainer held out of the same run, never the test half's, and the choice reads only their figures."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import numpy as np
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
-from photos import chosen_on_validation, fold_sets, recipe, validation_sets  # noqa: E402
+from photos import (EXPANSIONS, SHIPPED, chosen_on_validation, fold_sets, nearest_photos, recipe,  # noqa: E402
+                    validation_sets)
 
 from metricsearch.data import load_split  # noqa: E402
+from metricsearch.evaluation.distances import normalized  # noqa: E402
 
 
 def test_validation_sets_are_the_runs_held_out_training_classes_and_never_the_test_half(grocery_dir, tmp_path) -> None:
@@ -27,9 +29,27 @@ def test_validation_sets_are_the_runs_held_out_training_classes_and_never_the_te
     assert len(run.val.class_names) == round(0.25 * len(set(run.val.class_names) | set(run.train.class_names)))
 
 
-def test_the_choice_is_the_best_expanded_catalogue_accuracy_on_validation_and_the_first_on_a_tie() -> None:
+def test_the_choice_is_the_best_catalogue_accuracy_over_families_and_rules_and_the_first_on_a_tie() -> None:
     hits = {m: np.array([1.0, 0.0]) for m in ("recall_at_1", "catalogue_at_1", "catalogue_expanded_at_1")}
-    better = {**hits, "catalogue_expanded_at_1": np.array([1.0, 1.0]), "catalogue_at_1": np.array([0.0, 0.0])}
-    assert chosen_on_validation({"ms": hits, "proxy_anchor": better})[0] == "proxy_anchor"
-    best, line = chosen_on_validation({"ms": hits, "proxy_anchor": hits})
-    assert best == "ms" and "proxy_anchor 0.500 (0.500 plain, R@1 0.500)" in line
+    better = {**hits, "catalogue_expanded_at_1": np.array([1.0, 1.0])}
+    rules = list(EXPANSIONS)
+    assert rules[0] == SHIPPED
+    assert chosen_on_validation({"ms": dict.fromkeys(rules, hits),
+                                 "proxy_anchor": {**dict.fromkeys(rules, hits), "none": better}})[:2] == (
+        "proxy_anchor", "none")
+    same = {"ms": dict.fromkeys(rules, hits), "proxy_anchor": dict.fromkeys(rules, hits)}
+    family, rule, line = chosen_on_validation(same)
+    assert (family, rule) == ("ms", SHIPPED) and f"proxy_anchor: {SHIPPED} 0.500" in line and "(R@1 0.500)" in line
+
+
+def test_each_expansion_rule_moves_entries_toward_the_pool_except_none() -> None:
+    rng = np.random.default_rng(0)
+    catalogue = normalized(rng.normal(size=(4, 8)))
+    pool = normalized(catalogue[rng.integers(0, 4, 40)] + 0.3 * rng.normal(size=(40, 8)))
+    for name, rule in EXPANSIONS.items():
+        entries = rule(catalogue, pool)
+        assert entries.shape == catalogue.shape and np.allclose(np.linalg.norm(entries, axis=1), 1), name
+        assert np.allclose(entries, catalogue) == (name == "none"), name
+    near = nearest_photos(catalogue, pool, k=3)
+    order = np.argsort(-(catalogue @ pool.T), axis=1)[:, :3]
+    assert np.allclose(near, normalized(catalogue + pool[order].mean(1)))
