@@ -39,7 +39,8 @@ recipe's plain catalogue, the figure issue 88 was filed on).
 
 Run: `nice -n 19 python bench/photos.py` (every row), or a quick pass:
 `python bench/photos.py --epochs 1 --size 128 --families ms --folds half2`; the folds can run side by
-side (`--folds half1 --results R1` and `--folds half2 --results R2`), then `--combine R1.json R2.json`.
+side (`--folds half1 --results R1` and `--folds half2 --results R2`), then `--combine R1.json R2.json`; runs of
+other seeds (`--set seed=S`) combine the same way, each query's scores averaged over the runs.
 Prints one line per training (wall and CPU seconds), then a markdown table; writes it with the raw numbers to
 bench/results/photos.{md,json}.
 """
@@ -341,8 +342,10 @@ def speed(batches: int, extra: list[str], data: Path) -> dict[str, float]:
 
 
 def combine(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, float] | None]:
-    """The rows of earlier runs' RESULTS.json files (e.g. one per fold, run side by side), folds merged; their speed."""
+    """The rows of earlier runs' RESULTS.json files (e.g. one per fold, run side by side), folds merged; their speed.
+    A row scored on a fold by several runs (e.g. one per `--set seed=S`) gets each query's mean over them."""
     rows: dict[str, dict[str, Any]] = {}
+    runs: dict[tuple[str, str], list[dict[str, np.ndarray]]] = {}
     fast = None
     for path in paths:
         saved = json.loads(path.read_text())
@@ -350,7 +353,17 @@ def combine(paths: list[Path]) -> tuple[list[dict[str, Any]], dict[str, float] |
         for name, r in saved["raw"].items():
             row = rows.setdefault(name, {"row": name, "what": r["what"], "scores": {}, "train": {}})
             row["train"].update(r["train"])
-            row["scores"].update({f: {m: np.asarray(v) for m, v in by.items()} for f, by in r["scores"].items()})
+            for f, by in r["scores"].items():
+                runs.setdefault((name, f), []).append({m: np.asarray(v) for m, v in by.items()})
+    notes: dict[str, list[str]] = {}
+    for (name, f), scored in runs.items():
+        common = set.intersection(*(set(s) for s in scored))  # older runs lack the expanded column
+        rows[name]["scores"][f] = {m: np.mean([s[m] for s in scored], 0) for m in METRICS if m in common}
+        if len(scored) > 1 and "catalogue_expanded_at_1" in common:
+            notes.setdefault(name, []).append(f"{f} " + ", ".join(
+                f"{s['catalogue_expanded_at_1'].mean():.3f}" for s in scored))
+    for name, lines in notes.items():
+        rows[name]["what"] += f" [each query's mean over its runs; expanded catalogue by run: {'; '.join(lines)}]"
     return list(rows.values()), fast
 
 

@@ -3,6 +3,7 @@ the ones the trainer held out of the same run, never the test half's, and the ch
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -10,8 +11,8 @@ import numpy as np
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
-from photos import (EXPANSIONS, SHIPPED, chosen_on_validation, fold_sets, nearest_photos, recipe,  # noqa: E402
-                    validation_sets)
+from photos import (EXPANSIONS, SHIPPED, chosen_on_validation, combine, fold_sets, nearest_photos,  # noqa: E402
+                    recipe, validation_sets)
 
 from metricsearch.data import load_split  # noqa: E402
 from metricsearch.evaluation.distances import normalized  # noqa: E402
@@ -53,3 +54,18 @@ def test_each_expansion_rule_moves_entries_toward_the_pool_except_none() -> None
     near = nearest_photos(catalogue, pool, k=3)
     order = np.argsort(-(catalogue @ pool.T), axis=1)[:, :3]
     assert np.allclose(near, normalized(catalogue + pool[order].mean(1)))
+
+
+def test_combining_runs_of_other_seeds_averages_each_querys_scores(tmp_path) -> None:
+    def saved(path, hits: list[float], fold: str = "half1"):
+        scores = {m: hits for m in ("recall_at_1", "map_at_r", "catalogue_at_1", "catalogue_expanded_at_1")}
+        row = {"what": "ms", "train": {}, "scores": {fold: scores}}
+        path.write_text(json.dumps({"speed": None, "raw": {"ms": row}}))
+        return path
+
+    rows, _ = combine([saved(tmp_path / "a.json", [1, 0, 1]), saved(tmp_path / "b.json", [1, 1, 0]),
+                       saved(tmp_path / "c.json", [0, 1], "half2")])
+    (row,) = rows
+    assert np.allclose(row["scores"]["half1"]["recall_at_1"], [1, 0.5, 0.5])  # two seeds of a fold: averaged
+    assert np.allclose(row["scores"]["half2"]["catalogue_at_1"], [0, 1])  # one run of the other fold: as it was
+    assert "half1 0.667, 0.667" in row["what"] and "half2" not in row["what"]
