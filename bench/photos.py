@@ -29,8 +29,8 @@ decoded in memory (the compute ceiling), one after the other in this process. Wi
 Honest choice (issue 88): `--families ms proxy_anchor --choose-on-val 0.25` trains each family without a quarter
 of its fold's training classes (best.pt chosen on them) and scores every family under every expansion rule of
 EXPANSIONS on them (photo -> catalogue); a row "chosen on validation classes" gives, per fold, the test half's scores
-of the family and rule they chose, the family trained again on every training class with its last epoch, as a final
-fit is (its expanded column is the chosen rule's). The same run trains today's recipe (`ms` on
+of the family and rule they chose, that family trained again on every training class and scored with its last
+epoch, as a final fit (its expanded column is the chosen rule's). The same run trains today's recipe (`ms` on
 every training class, its last epoch, as `train --config grocery` does) as the row "the recipe", and every row gets
 the paired differences to it: photo -> photo Recall@1, and photo -> catalogue (the row's expanded against the
 recipe's plain catalogue, the figure issue 88 was filed on).
@@ -266,6 +266,8 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
                 if val:
                     val_scores[family] = per_rule(model, validation_sets(data, half, val, timing["seed"]))
                 found = per_query(model, sets, dims)
+                print(f"{family} {half}: " + ", ".join(f"{k} {v.mean():.3f}" for k, v in found[None].items()),
+                      file=sys.stderr, flush=True)
                 for dim, by_query in found.items():
                     what = FAMILIES[family][1] + (f", PCA to {dim}-d" if dim else "")
                     add(family + (f" {dim}-d" if dim else ""), what, half, by_query, **{half: timing})
