@@ -236,7 +236,8 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
     RECIPE_ROW), and a last row scores, per fold, the family and expansion rule those validation classes choose
     (`chosen_on_validation`), the family trained again on every class (its last epoch, as a final fit): the test
     half never chooses."""
-    size = int(load_config(RECIPE, extra)["model"]["preprocessing"].get("size", 224))
+    config = load_config(RECIPE, extra)
+    size, seed = int(config["model"]["preprocessing"].get("size", 224)), config["seed"]  # every family's seed
     rows: dict[str, dict[str, Any]] = {}
 
     def add(name: str, what: str, fold: str, scores: dict[str, np.ndarray], **info: Any) -> None:
@@ -256,15 +257,17 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
                 for dim, found in per_query(off_the_shelf(s), sets, dims if s == size else []).items():
                     add(f"off-the-shelf {s}px" + (f" {dim}-d" if dim else ""), f"{BACKBONE} ImageNet pooled features "
                         f"at {s} px" + (f", PCA to {dim}-d" if dim else ""), half, found)
-            final: dict[str, tuple[Any, dict[str, Any]]] = {}  # family -> trained on every class, last epoch
+            final: dict[str, tuple[tuple, dict[str, Any]]] = {}  # family -> (its test embeddings, its training)
             if val:
-                final["ms"] = trained("ms", half, data, out, extra, 0.0, reuse)
+                vsets = validation_sets(data, half, val, seed)
+                model, timing = trained("ms", half, data, out, extra, 0.0, reuse)
+                final["ms"] = embedded(model, sets), timing
                 add(RECIPE_ROW, "today's recipe: configs/grocery.yaml (ms) on every training class, its last epoch",
-                    half, per_query(final["ms"][0], sets)[None], **{half: final["ms"][1]})
+                    half, scores(*final["ms"][0], sets), **{half: timing})
             for family in families:
                 model, timing = trained(family, half, data, out, extra, val, reuse)
                 if val:
-                    val_scores[family] = per_rule(model, validation_sets(data, half, val, timing["seed"]))
+                    val_scores[family] = per_rule(model, vsets)
                 found = per_query(model, sets, dims)
                 print(f"{family} {half}: " + ", ".join(f"{k} {v.mean():.3f}" for k, v in found[None].items()),
                       file=sys.stderr, flush=True)
@@ -274,12 +277,13 @@ def run(families: list[str], folds: list[str], data: Path, extra: list[str], kee
             if val_scores:
                 family, rule, figures = chosen_on_validation(val_scores)
                 if family not in final:
-                    final[family] = trained(family, half, data, out, extra, 0.0, reuse)
+                    model, timing = trained(family, half, data, out, extra, 0.0, reuse)
+                    final[family] = embedded(model, sets), timing
                 earlier = rows.get(CHOSEN_ROW, {}).get("what", "")
                 add(CHOSEN_ROW, (earlier + "; " if earlier else "") + f"{half} held out: {family} with the expansion "
                     f"'{rule}', chosen on {val:g} of the training classes (expanded catalogue acc@1 there: {figures}), "
                     "then trained on every training class, its last epoch", half,
-                    per_rule(final[family][0], sets)[rule], **{half: final[family][1]})
+                    scores(*final[family][0], sets, EXPANSIONS[rule]), **{half: final[family][1]})
     return list(rows.values())
 
 
